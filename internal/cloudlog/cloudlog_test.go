@@ -1,0 +1,21 @@
+package cloudlog
+
+import (
+	"bytes"
+	"encoding/json"
+	"log/slog"
+	"testing"
+)
+
+func TestKeys(t *testing.T) {
+	var buf bytes.Buffer
+	l := New(&buf, slog.LevelDebug)
+	l.Warn("hello", "k", 1)
+	var m map[string]any
+	if err := json.Unmarshal(buf.Bytes(), &m); err != nil {
+		t.Fatal(err)
+	}
+	if m["severity"] != "WARNING" || m["message"] != "hello" || m["time"] == nil || m["k"] != 1.0 {
+		t.Errorf("got %v, want severity WARNING, message hello, a time and k=1", m)
+	}
+}

@@ -1,0 +1,252 @@
+package netpolicy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"strings"
+	"time"
+)
+
+// HTTPSPort is the only destination port a sandbox may reach.
+const HTTPSPort = 443
+
+// Code is a short, stable name for why a decision came out as it did. It is
+// what metrics are labelled with; Reason is the sentence for people.
+type Code string
+
+// Decision codes.
+const (
+	CodeAllowAll     Code = "allow_all"
+	CodeAllowedHost  Code = "allowed_host"
+	CodeAllowedCIDR  Code = "allowed_cidr"
+	CodeDenyAll      Code = "deny_all"
+	CodeNoRule       Code = "no_rule"
+	CodePort         Code = "port"
+	CodeInvalidHost  Code = "invalid_host"
+	CodeLocalName    Code = "local_name"
+	CodeAddressClass Code = "address_class"
+	CodeDeniedCIDR   Code = "denied_cidr"
+	CodeDNS          Code = "dns_error"
+)
+
+// Decision is the outcome of judging one destination: whether it is
+// allowed, a sentence saying why, the rule that decided, and the addresses
+// that were checked and may be dialed.
+type Decision struct {
+	Allow  bool
+	Code   Code
+	Reason string
+	// Rule is the rule that decided, e.g. "allowedHosts:*.example.com",
+	// "deniedCIDRs:10.0.0.0/8", "mode:deny-all" or "class:loopback".
+	Rule string
+	// Host is the canonical target; zero when the host was invalid.
+	Host Host
+	Port int
+	// Addrs are the addresses that passed every check, in the order to try.
+	// Only these may be dialed. Empty when not allowed.
+	Addrs []netip.Addr
+	// Addr is the address actually connected to, set by Dial.
+	Addr netip.Addr
+	// DNSTime is how long name resolution took (zero for IP literals).
+	DNSTime time.Duration
+}
+
+// Decider judges destinations for sandboxes. Its fields are configuration:
+// set them before first use and do not change them afterwards. A Decider is
+// safe for concurrent use.
+type Decider struct {
+	// Resolver looks names up. It must not be the system resolver: the
+	// DNSResolver in this package is the one meant for production.
+	Resolver Resolver
+	// ServiceHosts are added to every custom policy (SANDBOX_ALLOWED_HOSTS).
+	ServiceHosts []HostRule
+	// AllowPrivate exempts addresses from the address-class refusal. Empty
+	// in production; tests use it to reach loopback upstreams.
+	AllowPrivate []netip.Prefix
+	// DialTimeout bounds each connection attempt; zero means 10s.
+	DialTimeout time.Duration
+}
+
+// DecideArgs is what Decide judges. New fields may be added; the zero value
+// of each keeps the old behaviour.
+type DecideArgs struct {
+	// Policy is the sandbox's network policy.
+	Policy Policy
+	// Host is the destination host as the sandbox spelled it, without port.
+	Host string
+	// Port is the destination port; zero means 443.
+	Port int
+}
+
+// Decide judges a destination. A name is checked against the host rules
+// before any lookup, then resolved, and every answer classified; only
+// answers that pass are returned in Decision.Addrs. The error is non-nil
+// only when the lookup failed (a *DNSError): the decision is then a denial
+// with CodeDNS. A denial by policy is a Decision with Allow false and a nil
+// error.
+func (d *Decider) Decide(ctx context.Context, args DecideArgs) (Decision, error) {
+	dec := Decision{Port: args.Port}
+	if dec.Port == 0 {
+		dec.Port = HTTPSPort
+	}
+	h, err := CanonicalHost(args.Host)
+	if err != nil {
+		return deny(dec, CodeInvalidHost, "", err.Error()), nil
+	}
+	dec.Host = h
+	if dec.Port != HTTPSPort {
+		return deny(dec, CodePort, "port", fmt.Sprintf("port %d is not allowed: HTTPS (443) only", dec.Port)), nil
+	}
+	p := args.Policy
+	if p.mode() == DenyAll {
+		return deny(dec, CodeDenyAll, "mode:deny-all", "the deny-all policy refuses every host"), nil
+	}
+	if h.IsIP() {
+		return d.decideAddr(dec, p), nil
+	}
+	if why := localNameReason(h.Name); why != "" {
+		return deny(dec, CodeLocalName, "name:"+h.Name, fmt.Sprintf("%s is refused before any lookup: %s", h.Name, why)), nil
+	}
+	rule, code, reason := d.matchName(p, h.Name)
+	if rule == "" {
+		return deny(dec, CodeNoRule, "", reason), nil
+	}
+	start := time.Now()
+	addrs, err := d.Resolver.LookupIP(ctx, h.Name)
+	dec.DNSTime = time.Since(start)
+	if err != nil {
+		var de *DNSError
+		if !errors.As(err, &de) {
+			err = &DNSError{Host: h.Name, Err: err}
+		}
+		return deny(dec, CodeDNS, rule, err.Error()), err
+	}
+	if len(addrs) == 0 {
+		err := &DNSError{Host: h.Name, Err: errors.New("no addresses"), NotFound: true}
+		return deny(dec, CodeDNS, rule, err.Error()), err
+	}
+	var refusals []refusal
+	for _, a := range addrs {
+		if r, bad := d.refuse(p, a); bad {
+			refusals = append(refusals, r)
+			continue
+		}
+		dec.Addrs = append(dec.Addrs, a.Unmap())
+	}
+	if len(dec.Addrs) == 0 {
+		return denyRefusals(dec, h.Name, refusals), nil
+	}
+	dec.Allow, dec.Code, dec.Rule, dec.Reason = true, code, rule, reason
+	return dec, nil
+}
+
+// matchName finds the rule allowing a name. It returns an empty rule and
+// the reason for the denial when none does.
+func (d *Decider) matchName(p Policy, name string) (rule string, code Code, reason string) {
+	if p.mode() == AllowAll {
+		return "mode:allow-all", CodeAllowAll, "the allow-all policy allows every public host"
+	}
+	for _, list := range [][]HostRule{p.AllowedHosts, d.ServiceHosts} {
+		for _, r := range list {
+			if r.Match(name) {
+				return "allowedHosts:" + r.String(), CodeAllowedHost, fmt.Sprintf("%s matched allowed host rule %s", name, r)
+			}
+		}
+	}
+	return "", CodeNoRule, fmt.Sprintf("no allowedHosts rule matches %s", name)
+}
+
+// decideAddr judges an IP-literal target: only an allowedCIDRs rule (or the
+// allow-all mode) admits one.
+func (d *Decider) decideAddr(dec Decision, p Policy) Decision {
+	a := dec.Host.Addr
+	if r, bad := d.refuse(p, a); bad {
+		return deny(dec, r.code, r.rule, r.why)
+	}
+	ua := a.Unmap()
+	if p.mode() == AllowAll {
+		dec.Allow, dec.Code, dec.Rule, dec.Reason = true, CodeAllowAll, "mode:allow-all", "the allow-all policy allows every public address"
+		dec.Addrs = []netip.Addr{ua}
+		return dec
+	}
+	for _, c := range p.AllowedCIDRs {
+		if c.Contains(a) || c.Contains(ua) {
+			dec.Allow, dec.Code, dec.Rule = true, CodeAllowedCIDR, "allowedCIDRs:"+c.String()
+			dec.Reason = fmt.Sprintf("%s is in allowed CIDR %s", a, c)
+			dec.Addrs = []netip.Addr{ua}
+			return dec
+		}
+	}
+	return deny(dec, CodeNoRule, "", fmt.Sprintf("IP-literal targets are allowed only by an allowedCIDRs rule, and none contains %s", a))
+}
+
+type refusal struct {
+	addr  netip.Addr
+	code  Code
+	class Class
+	rule  string
+	why   string
+}
+
+// refuse says whether an address may not be dialed under p: a refused
+// class (unless exempted by the operator) or a deniedCIDRs entry.
+func (d *Decider) refuse(p Policy, a netip.Addr) (refusal, bool) {
+	for _, c := range p.DeniedCIDRs {
+		if c.Contains(a) || c.Contains(a.Unmap()) {
+			return refusal{addr: a, code: CodeDeniedCIDR, rule: "deniedCIDRs:" + c.String(),
+				why: fmt.Sprintf("%s is in denied CIDR %s", a, c)}, true
+		}
+	}
+	if d.exempt(a) {
+		return refusal{}, false
+	}
+	class, why := Classify(a)
+	if class == Public {
+		return refusal{}, false
+	}
+	return refusal{addr: a, code: CodeAddressClass, class: class, rule: "class:" + string(class), why: why}, true
+}
+
+func (d *Decider) exempt(a netip.Addr) bool {
+	for _, p := range d.AllowPrivate {
+		if p.Contains(a) || p.Contains(a.Unmap()) {
+			return true
+		}
+	}
+	return false
+}
+
+// denyRefusals builds the denial for a name whose every answer was refused,
+// naming the class when they share one.
+func denyRefusals(dec Decision, name string, rs []refusal) Decision {
+	first := rs[0]
+	same := true
+	for _, r := range rs[1:] {
+		if r.code != first.code || r.class != first.class || r.rule != first.rule {
+			same = false
+		}
+	}
+	addrs := make([]string, len(rs))
+	for i, r := range rs {
+		addrs[i] = r.addr.String()
+	}
+	list := strings.Join(addrs, ", ")
+	switch {
+	case same && first.code == CodeAddressClass:
+		return deny(dec, first.code, first.rule, fmt.Sprintf("%s resolves only to %s addresses (%s)", name, first.class, list))
+	case same && first.code == CodeDeniedCIDR:
+		return deny(dec, first.code, first.rule, fmt.Sprintf("%s resolves only to addresses in denied CIDR %s (%s)", name, strings.TrimPrefix(first.rule, "deniedCIDRs:"), list))
+	}
+	parts := make([]string, len(rs))
+	for i, r := range rs {
+		parts[i] = r.why
+	}
+	return deny(dec, first.code, first.rule, fmt.Sprintf("%s resolves only to refused addresses: %s", name, strings.Join(parts, "; ")))
+}
+
+func deny(dec Decision, code Code, rule, reason string) Decision {
+	dec.Allow, dec.Code, dec.Rule, dec.Reason, dec.Addrs = false, code, rule, reason, nil
+	return dec
+}
