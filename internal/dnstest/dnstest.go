@@ -10,6 +10,7 @@ package dnstest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -37,8 +38,10 @@ type Server struct {
 	// Addr is "127.0.0.1:port", for UDP and TCP alike.
 	Addr string
 
-	t    testing.TB
-	done chan struct{} // closed at shutdown; aborts delays
+	t         testing.TB    // nil when made by New
+	done      chan struct{} // closed at shutdown; aborts delays
+	close     func() error
+	closeOnce sync.Once
 
 	mu         sync.Mutex
 	names      map[string]*entry
@@ -65,8 +68,23 @@ type entry struct {
 // t.Cleanup. It fails the test if the server cannot start.
 func Start(t testing.TB) *Server {
 	t.Helper()
+	s, err := New()
+	if err != nil {
+		t.Fatalf("dnstest: %v", err)
+	}
+	s.t = t
+	t.Cleanup(func() {
+		if err := s.Close(); err != nil {
+			t.Errorf("dnstest: %v", err)
+		}
+	})
+	return s
+}
+
+// New starts a server on a random loopback port, for programs that are not
+// tests (benchmarks). Stop it with Close.
+func New() (*Server, error) {
 	s := &Server{
-		t:          t,
 		done:       make(chan struct{}),
 		names:      make(map[string]*entry),
 		queries:    make(map[string]int),
@@ -74,7 +92,7 @@ func Start(t testing.TB) *Server {
 	}
 	pc, l, err := listenPair()
 	if err != nil {
-		t.Fatalf("dnstest: %v", err)
+		return nil, err
 	}
 	s.Addr = pc.LocalAddr().String()
 
@@ -95,34 +113,41 @@ func Start(t testing.TB) *Server {
 		case err := <-served:
 			pc.Close()
 			l.Close()
-			t.Fatalf("dnstest: server stopped while starting: %v", err)
+			return nil, fmt.Errorf("server stopped while starting: %w", err)
 		case <-timer.C:
 			pc.Close()
 			l.Close()
-			t.Fatalf("dnstest: server did not start within 5s")
+			return nil, errors.New("server did not start within 5s")
 		}
 	}
-
-	t.Cleanup(func() {
+	s.close = func() error {
 		close(s.done)
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
+		var errs []error
 		if err := udp.ShutdownContext(ctx); err != nil {
-			t.Errorf("dnstest: UDP shutdown: %v", err)
+			errs = append(errs, fmt.Errorf("UDP shutdown: %w", err))
 		}
 		if err := tcp.ShutdownContext(ctx); err != nil {
-			t.Errorf("dnstest: TCP shutdown: %v", err)
+			errs = append(errs, fmt.Errorf("TCP shutdown: %w", err))
 		}
 		for range 2 {
 			select {
 			case <-served:
 			case <-ctx.Done():
-				t.Errorf("dnstest: server did not stop within 5s")
-				return
+				return errors.Join(append(errs, errors.New("server did not stop within 5s"))...)
 			}
 		}
-	})
-	return s
+		return errors.Join(errs...)
+	}
+	return s, nil
+}
+
+// Close stops the server, waiting at most 5s. It is safe to call twice.
+func (s *Server) Close() error {
+	var err error
+	s.closeOnce.Do(func() { err = s.close() })
+	return err
 }
 
 // listenPair opens UDP and TCP on the same random loopback port. The port
@@ -263,11 +288,16 @@ func (s *Server) SetTruncate(name string, on bool) {
 // client ignores records for names it did not ask (cache poisoning). It
 // fails the test if a record does not parse.
 func (s *Server) Inject(name string, records ...string) {
-	s.t.Helper()
+	if s.t != nil {
+		s.t.Helper()
+	}
 	rrs := make([]dns.RR, 0, len(records))
 	for _, text := range records {
 		rr, err := dns.NewRR(text)
 		if err != nil || rr == nil {
+			if s.t == nil {
+				panic(fmt.Sprintf("dnstest: Inject(%q): bad record %q: %v", name, text, err))
+			}
 			s.t.Fatalf("dnstest: Inject(%q): bad record %q: %v", name, text, err)
 			return
 		}

@@ -1,0 +1,96 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/urfave/cli/v2"
+)
+
+// Exit codes shared by every verb.
+const (
+	exitOK       = 0
+	exitFailure  = 1
+	exitBadInput = 2
+	exitDenied   = 3
+)
+
+// exitError carries an exit code out of a verb; main turns it into the
+// process status. Verbs never call os.Exit themselves.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string {
+	if e.err == nil {
+		return fmt.Sprintf("exit status %d", e.code)
+	}
+	return e.err.Error()
+}
+func (e *exitError) Unwrap() error { return e.err }
+
+// badInput marks err as the caller's mistake (exit 2).
+func badInput(format string, args ...any) error {
+	return &exitError{code: exitBadInput, err: fmt.Errorf(format, args...)}
+}
+
+// newApp builds the command tree. It takes its writers so tests can run
+// verbs in-process and read what they print.
+func newApp(stdout, stderr io.Writer) *cli.App {
+	app := &cli.App{
+		Name:      "sandgate",
+		Usage:     "egress-controlled sandboxes for AI agents",
+		Writer:    stdout,
+		ErrWriter: stderr,
+		Commands: []*cli.Command{
+			proxyCommand(),
+			policyCommand(),
+		},
+		ExitErrHandler: func(*cli.Context, error) {}, // run() reports errors
+	}
+	return app
+}
+
+// run executes the CLI with args and returns the process exit status.
+func run(args []string, stdout, stderr io.Writer) int {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	err := newApp(stdout, stderr).RunContext(ctx, args)
+	if err == nil {
+		return exitOK
+	}
+	var ee *exitError
+	if errors.As(err, &ee) && ee.err == nil {
+		return ee.code // the verb already said everything
+	}
+	fmt.Fprintf(stderr, "sandgate: %v\n", err)
+	if ee != nil {
+		return ee.code
+	}
+	var ce cli.ExitCoder
+	if errors.As(err, &ce) {
+		return ce.ExitCode()
+	}
+	if isUsageError(err) {
+		return exitBadInput
+	}
+	return exitFailure
+}
+
+// usageError turns a flag-parsing failure into bad input (exit 2).
+func usageError(c *cli.Context, err error, _ bool) error {
+	return badInput("%v (see '%s --help')", err, c.Command.HelpName)
+}
+
+// isUsageError recognises the errors urfave/cli returns for bad command
+// lines it handles itself (unknown commands).
+func isUsageError(err error) bool {
+	return strings.HasPrefix(err.Error(), "flag provided but not defined") ||
+		strings.Contains(err.Error(), "No help topic for")
+}

@@ -1,0 +1,165 @@
+package main
+
+import (
+	"context"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/urfave/cli/v2"
+
+	"github.com/sandgate/sandgate/internal/cloudlog"
+	"github.com/sandgate/sandgate/relay"
+	"github.com/sandgate/sandgate/relay/audit"
+	"github.com/sandgate/sandgate/transforms"
+)
+
+func proxyCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "proxy",
+		Usage: "run the egress proxy standalone (CONNECT to :443 and base-URL routes)",
+		Description: `Serves HTTP proxy connections on --listen as one sandbox (--sandbox-id):
+CONNECT host:443 tunnels, and base-URL routes http://LISTEN/https/<host>/<path>
+forwarded over HTTPS with the --transformations applied. Every decision is
+one audit event on --audit-log.`,
+		Flags: append(egressFlags(),
+			&cli.StringFlag{Name: "listen", Value: "127.0.0.1:3128", Usage: "`ADDR` to serve the proxy on", EnvVars: []string{"SANDGATE_PROXY_LISTEN"}},
+			&cli.StringFlag{Name: "transformations", Usage: "request-transformation rules `FILE` (JSON list; header values may be {\"env\":\"NAME\"})", EnvVars: []string{"SANDBOX_TRANSFORMATIONS_FILE"}},
+			&cli.StringFlag{Name: "metrics-listen", Usage: "serve Prometheus /metrics on `ADDR` (off when empty)", EnvVars: []string{"SANDGATE_METRICS_LISTEN"}},
+			&cli.StringFlag{Name: "audit-log", Value: "-", Usage: "write audit events as JSON lines to `FILE` (- for standard output)", EnvVars: []string{"SANDGATE_AUDIT_LOG"}},
+			&cli.StringFlag{Name: "sandbox-id", Value: "standalone", Usage: "the sandbox `ID` this proxy's connections are served as"},
+			&cli.StringSliceFlag{Name: "upstream-ca", Usage: "also trust the PEM certificates in `FILE` for upstreams (tests, private CAs)", EnvVars: []string{"SANDGATE_UPSTREAM_CA"}},
+		),
+		OnUsageError: usageError,
+		Action:       runProxy,
+	}
+}
+
+func runProxy(c *cli.Context) error {
+	if c.NArg() > 0 {
+		return badInput("proxy takes no arguments, got %q", c.Args().First())
+	}
+	logger := cloudlog.New(c.App.ErrWriter, slog.LevelInfo)
+	eg, err := newEgress(c, logger)
+	if err != nil {
+		return err
+	}
+	defer eg.Close()
+
+	rules := transforms.NewRuleSet()
+	if f := c.String("transformations"); f != "" {
+		list, err := transforms.LoadRulesFile(f, envLookup)
+		if err != nil {
+			return badInput("--transformations: %v", err)
+		}
+		rules.Set(list...)
+	}
+	roots, err := upstreamRoots(c.StringSlice("upstream-ca"))
+	if err != nil {
+		return badInput("--upstream-ca: %v", err)
+	}
+	auditOut, closeAudit, err := openAuditLog(c.String("audit-log"), c.App.Writer)
+	if err != nil {
+		return badInput("--audit-log: %v", err)
+	}
+	defer closeAudit()
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	metrics := audit.NewMetrics(reg)
+	p, err := relay.New(relay.Config{
+		Decider:       eg.decider,
+		Audit:         audit.Multi{audit.Logger{L: cloudlog.New(auditOut, slog.LevelInfo)}, metrics},
+		Metrics:       metrics,
+		Logger:        logger,
+		UpstreamRoots: roots,
+	})
+	if err != nil {
+		return err
+	}
+	defer p.Close()
+
+	ln, err := net.Listen("tcp", c.String("listen"))
+	if err != nil {
+		return badInput("--listen: %v", err)
+	}
+	ctx, cancel := context.WithCancelCause(c.Context)
+	defer cancel(errors.New("proxy stopped"))
+	if addr := c.String("metrics-listen"); addr != "" {
+		mln, err := net.Listen("tcp", addr)
+		if err != nil {
+			ln.Close()
+			return badInput("--metrics-listen: %v", err)
+		}
+		go serveMetrics(ctx, mln, reg, logger)
+		logger.Info("metrics listening", "addr", mln.Addr().String())
+	}
+	sb := relay.NewSandbox(c.String("sandbox-id"), eg.policy, rules)
+	defer sb.Close()
+	logger.Info("proxy listening", "addr", ln.Addr().String(), "sandbox", sb.ID(),
+		"service_hosts", len(eg.decider.ServiceHosts), "transformations", rules.Len())
+	err = p.Serve(ctx, ln, sb)
+	if c.Context.Err() != nil {
+		logger.Info("proxy stopping", "cause", context.Cause(c.Context))
+		return nil
+	}
+	return err
+}
+
+func serveMetrics(ctx context.Context, ln net.Listener, reg *prometheus.Registry, logger *slog.Logger) {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	context.AfterFunc(ctx, func() {
+		sctx, cancel := context.WithTimeoutCause(context.Background(), 5*time.Second, errors.New("metrics server shutdown timed out"))
+		defer cancel()
+		srv.Shutdown(sctx)
+	})
+	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		logger.Error("metrics server failed", "err", err)
+	}
+}
+
+// upstreamRoots returns the system roots plus the certificates in files, or
+// nil (the system roots) when files is empty.
+func upstreamRoots(files []string) (*x509.CertPool, error) {
+	if len(files) == 0 {
+		return nil, nil
+	}
+	pool, err := x509.SystemCertPool()
+	if err != nil {
+		pool = x509.NewCertPool()
+	}
+	for _, f := range files {
+		pem, err := os.ReadFile(f)
+		if err != nil {
+			return nil, err
+		}
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("%s: no PEM certificate found", f)
+		}
+	}
+	return pool, nil
+}
+
+// openAuditLog opens the audit destination: "-" is stdout, else a file
+// opened for appending.
+func openAuditLog(path string, stdout io.Writer) (io.Writer, func(), error) {
+	if path == "-" || path == "" {
+		return stdout, func() {}, nil
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, nil, err
+	}
+	return f, func() { f.Close() }, nil
+}

@@ -1,0 +1,219 @@
+package netpolicy
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+
+	"github.com/sandgate/sandgate/internal/dnstest"
+)
+
+func newTestDecider(t *testing.T, hosts ...string) (*Decider, *dnstest.Server) {
+	t.Helper()
+	srv := dnstest.Start(t)
+	res, err := NewDNSResolver(ResolverConfig{Servers: []string{srv.Addr}, Timeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { res.Close() })
+	rules, err := ParseHostRules(hosts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &Decider{Resolver: res, ServiceHosts: rules}, srv
+}
+
+func mustPolicy(t *testing.T, js string) Policy {
+	t.Helper()
+	p, err := ParsePolicy([]byte(js))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestDecide(t *testing.T) {
+	d, srv := newTestDecider(t, "service.example.com")
+	srv.Set("api.example.com", addrs("93.184.216.34", "2606:2800:220:1::1")...)
+	srv.Set("service.example.com", addrs("93.184.216.35")...)
+	srv.Set("a.wild.example.com", addrs("93.184.216.36")...)
+	srv.Set("private.example.com", addrs("10.0.0.5")...)
+	srv.Set("mixed.example.com", addrs("10.0.0.5", "93.184.216.37")...)
+	srv.Set("loopmix.example.com", addrs("127.0.0.1", "10.1.1.1")...)
+	srv.Set("mapped.example.com", addrs("::ffff:127.0.0.1")...)
+	srv.Set("meta.example.com", addrs("169.254.169.254")...)
+	srv.Set("denied.example.com", addrs("93.184.216.99")...)
+
+	custom := mustPolicy(t, `{"mode":"custom","allowedHosts":["api.example.com","*.wild.example.com","private.example.com","mixed.example.com","loopmix.example.com","mapped.example.com","meta.example.com","denied.example.com","nx.example.com","x.localhost","*.example.net"],"allowedCIDRs":["93.184.216.0/24"],"deniedCIDRs":["93.184.216.99/32"]}`)
+	tests := []struct {
+		name   string
+		policy Policy
+		host   string
+		port   int
+		allow  bool
+		code   Code
+		reason string // substring
+		addrs  []netip.Addr
+	}{
+		{"exact host", custom, "api.example.com", 443, true, CodeAllowedHost, "matched allowed host rule api.example.com", addrs("93.184.216.34", "2606:2800:220:1::1")},
+		{"case and dot", custom, "API.Example.COM.", 0, true, CodeAllowedHost, "", addrs("93.184.216.34", "2606:2800:220:1::1")},
+		{"service-wide host", custom, "service.example.com", 443, true, CodeAllowedHost, "service.example.com", addrs("93.184.216.35")},
+		{"wildcard", custom, "a.wild.example.com", 443, true, CodeAllowedHost, "*.wild.example.com", addrs("93.184.216.36")},
+		{"wildcard apex", custom, "wild.example.com", 443, false, CodeNoRule, "no allowedHosts rule matches wild.example.com", nil},
+		{"no rule", custom, "other.example.com", 443, false, CodeNoRule, "no allowedHosts rule", nil},
+		{"port 22", custom, "api.example.com", 22, false, CodePort, "port 22 is not allowed: HTTPS (443) only", nil},
+		{"port 80", custom, "api.example.com", 80, false, CodePort, "HTTPS (443) only", nil},
+		{"private only", custom, "private.example.com", 443, false, CodeAddressClass, "private.example.com resolves only to private addresses (10.0.0.5)", nil},
+		{"mixed keeps public", custom, "mixed.example.com", 443, true, CodeAllowedHost, "", addrs("93.184.216.37")},
+		{"two classes", custom, "loopmix.example.com", 443, false, CodeAddressClass, "resolves only to refused addresses: 127.0.0.1 is a loopback address; 10.1.1.1 is a private address", nil},
+		{"mapped answer", custom, "mapped.example.com", 443, false, CodeAddressClass, "loopback", nil},
+		{"metadata answer", custom, "meta.example.com", 443, false, CodeAddressClass, "cloud metadata addresses (169.254.169.254)", nil},
+		{"denied CIDR wins", custom, "denied.example.com", 443, false, CodeDeniedCIDR, "denied CIDR 93.184.216.99/32", nil},
+		{"localhost never looked up", custom, "x.localhost", 443, false, CodeLocalName, "", nil},
+		{"metadata name", allowAll(), "metadata.google.internal", 443, false, CodeLocalName, "metadata", nil},
+		{"sub.localhost", allowAll(), "x.localhost", 443, false, CodeLocalName, "", nil},
+		{"single label", allowAll(), "intranet", 443, false, CodeLocalName, "single-label", nil},
+		{"IP literal in CIDR", custom, "93.184.216.1", 443, true, CodeAllowedCIDR, "93.184.216.1 is in allowed CIDR 93.184.216.0/24", addrs("93.184.216.1")},
+		{"IP literal not in CIDR", custom, "8.8.8.8", 443, false, CodeNoRule, "IP-literal targets are allowed only by an allowedCIDRs rule", nil},
+		{"IP literal denied", custom, "93.184.216.99", 443, false, CodeDeniedCIDR, "", nil},
+		{"IP literal allow-all", allowAll(), "8.8.8.8", 443, true, CodeAllowAll, "", addrs("8.8.8.8")},
+		{"decimal loopback", allowAll(), "2130706433", 443, false, CodeAddressClass, "127.0.0.1 is a loopback address", nil},
+		{"hex loopback", allowAll(), "0x7f.1", 443, false, CodeAddressClass, "loopback", nil},
+		{"octal loopback", allowAll(), "0177.0.0.1", 443, false, CodeAddressClass, "loopback", nil},
+		{"short loopback", allowAll(), "127.1", 443, false, CodeAddressClass, "loopback", nil},
+		{"zero", allowAll(), "0", 443, false, CodeAddressClass, "unspecified", nil},
+		{"mapped literal", allowAll(), "::ffff:169.254.169.254", 443, false, CodeAddressClass, "169.254.169.254", nil},
+		{"nat64 literal", allowAll(), "64:ff9b::10.0.0.1", 443, false, CodeAddressClass, "private", nil},
+		{"mapped public literal", allowAll(), "::ffff:8.8.8.8", 443, true, CodeAllowAll, "", addrs("8.8.8.8")},
+		{"deny-all", Policy{Mode: DenyAll}, "api.example.com", 443, false, CodeDenyAll, "deny-all", nil},
+		{"allow-all", allowAll(), "api.example.com", 443, true, CodeAllowAll, "", addrs("93.184.216.34", "2606:2800:220:1::1")},
+		{"zero policy uses service hosts", Policy{}, "service.example.com", 443, true, CodeAllowedHost, "", addrs("93.184.216.35")},
+		{"userinfo", allowAll(), "user@api.example.com", 443, false, CodeInvalidHost, "userinfo", nil},
+		{"garbage", allowAll(), "a..b", 443, false, CodeInvalidHost, "", nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dec, err := d.Decide(context.Background(), DecideArgs{Policy: tt.policy, Host: tt.host, Port: tt.port})
+			if err != nil {
+				t.Fatalf("Decide(%q): unexpected error %v", tt.host, err)
+			}
+			if dec.Allow != tt.allow || dec.Code != tt.code {
+				t.Fatalf("Decide(%q) = %v %s (%s), want %v %s", tt.host, dec.Allow, dec.Code, dec.Reason, tt.allow, tt.code)
+			}
+			if !strings.Contains(dec.Reason, tt.reason) {
+				t.Errorf("reason %q, want it to contain %q", dec.Reason, tt.reason)
+			}
+			if !equalAddrs(dec.Addrs, tt.addrs) {
+				t.Errorf("addrs %v, want %v", dec.Addrs, tt.addrs)
+			}
+			if dec.Allow && dec.Rule == "" {
+				t.Errorf("an allow must name its rule")
+			}
+		})
+	}
+	for _, name := range []string{"x.localhost", "metadata.google.internal", "wild.example.com", "other.example.com"} {
+		if n := srv.Queries(name); n != 0 {
+			t.Errorf("%s was looked up %d times; names not allowed must never be resolved", name, n)
+		}
+	}
+}
+
+func allowAll() Policy { return Policy{Mode: AllowAll} }
+
+func equalAddrs(a, b []netip.Addr) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func TestDecideDNSFailure(t *testing.T) {
+	d, srv := newTestDecider(t, "*.example.com")
+	srv.SetRcode("fail.example.com", dns.RcodeServerFailure)
+	for _, host := range []string{"nx.example.com", "fail.example.com"} {
+		dec, err := d.Decide(context.Background(), DecideArgs{Host: host})
+		var de *DNSError
+		if !errors.As(err, &de) {
+			t.Fatalf("Decide(%s) error = %v, want *DNSError", host, err)
+		}
+		if dec.Allow || dec.Code != CodeDNS || !strings.Contains(dec.Reason, host) {
+			t.Errorf("Decide(%s) = %+v, want a dns_error denial naming the host", host, dec)
+		}
+	}
+}
+
+// TestDecideRebinding: a name that answers a public address first and a
+// private one next is judged on each answer; the second is refused.
+func TestDecideRebinding(t *testing.T) {
+	d, srv := newTestDecider(t, "rebind.example.com")
+	srv.SetTTL("rebind.example.com", 0)
+	srv.SetSequence("rebind.example.com", addrs("93.184.216.34"), addrs("10.0.0.5"))
+	dec, err := d.Decide(context.Background(), DecideArgs{Host: "rebind.example.com"})
+	if err != nil || !dec.Allow || dec.Addrs[0] != netip.MustParseAddr("93.184.216.34") {
+		t.Fatalf("first Decide = %+v, %v; want allow 93.184.216.34", dec, err)
+	}
+	dec, err = d.Decide(context.Background(), DecideArgs{Host: "rebind.example.com"})
+	if err != nil || dec.Allow {
+		t.Fatalf("second Decide = %+v, %v; want deny", dec, err)
+	}
+	if want := "rebind.example.com resolves only to private addresses (10.0.0.5)"; dec.Reason != want {
+		t.Errorf("reason %q, want %q", dec.Reason, want)
+	}
+}
+
+func TestAllowPrivateExempts(t *testing.T) {
+	d, srv := newTestDecider(t, "up.example.com")
+	srv.Set("up.example.com", addrs("127.0.0.1", "127.0.0.2")...)
+	d.AllowPrivate = []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}
+	dec, err := d.Decide(context.Background(), DecideArgs{Host: "up.example.com"})
+	if err != nil || !dec.Allow || !equalAddrs(dec.Addrs, addrs("127.0.0.1")) {
+		t.Fatalf("Decide = %+v, %v; want allow with only the exempted 127.0.0.1", dec, err)
+	}
+}
+
+// TestDialPinned: Dial connects to the checked address and nothing else,
+// and records it.
+func TestDialPinned(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	port := ln.Addr().(*net.TCPAddr).Port
+	d := &Decider{}
+	dec := Decision{Allow: true, Port: port, Host: Host{Name: "x.example.com"}, Addrs: addrs("127.0.0.1")}
+	c, err := d.Dial(context.Background(), &dec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	if dec.Addr != netip.MustParseAddr("127.0.0.1") {
+		t.Errorf("Dial recorded %v, want 127.0.0.1", dec.Addr)
+	}
+	if _, err := d.Dial(context.Background(), &Decision{Allow: false, Addrs: addrs("127.0.0.1")}); !errors.Is(err, ErrNotAllowed) {
+		t.Errorf("Dial of a denial = %v, want ErrNotAllowed", err)
+	}
+	if err := pinControl(netip.MustParseAddrPort("127.0.0.1:443"))("tcp4", "127.0.0.2:443", nil); err == nil {
+		t.Errorf("pinControl let a connect to another address through")
+	}
+}

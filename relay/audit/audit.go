@@ -1,0 +1,178 @@
+// Package audit records egress decisions: one canonical event per CONNECT
+// tunnel (when it closes) and per routed request, written as a JSON log
+// line, kept in a bounded ring per sandbox, and counted in Prometheus
+// metrics. An event never carries a header value, a query string or a body.
+package audit
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+)
+
+// Kind says what carried the egress.
+type Kind string
+
+// Event kinds.
+const (
+	// Connect is an HTTPS CONNECT tunnel; its event is written when it closes.
+	Connect Kind = "connect"
+	// Route is a base-URL request (/https/<host>/<path>) forwarded over HTTPS.
+	Route Kind = "route"
+	// Refused is a request the proxy refused before it had a destination
+	// (a malformed request, plain http://, a limit).
+	Refused Kind = "refused"
+)
+
+// Event is the one record of an egress decision. Field names are stable: log
+// queries and tests depend on them.
+type Event struct {
+	Time    time.Time `json:"time"`
+	Sandbox string    `json:"sandbox"`
+	Kind    Kind      `json:"kind"`
+	Host    string    `json:"host,omitempty"`
+	Port    int       `json:"port,omitempty"`
+	Method  string    `json:"method,omitempty"`
+	// Path is the request path without its query string.
+	Path  string `json:"path,omitempty"`
+	Allow bool   `json:"allow"`
+	// Code is the short reason code (netpolicy.Code or a relay code).
+	Code   string `json:"code"`
+	Reason string `json:"reason"`
+	Rule   string `json:"rule,omitempty"`
+	// Addr is the address connected to (or, when refused after a lookup,
+	// empty).
+	Addr       string        `json:"addr,omitempty"`
+	Status     int           `json:"status,omitempty"`
+	BytesIn    int64         `json:"bytes_in"`
+	BytesOut   int64         `json:"bytes_out"`
+	Duration   time.Duration `json:"duration_ns"`
+	DNSTime    time.Duration `json:"dns_ns,omitempty"`
+	Transforms []string      `json:"transforms,omitempty"`
+	Error      string        `json:"error,omitempty"`
+}
+
+// Decision renders Allow as the word used in logs.
+func (e Event) Decision() string {
+	if e.Allow {
+		return "allow"
+	}
+	return "deny"
+}
+
+// Sink receives events. Implementations must be safe for concurrent use and
+// must not block for long: they run on the proxy's connection goroutines.
+type Sink interface {
+	Record(Event)
+}
+
+// Multi fans an event out to several sinks, skipping nil ones.
+type Multi []Sink
+
+// Record implements Sink.
+func (m Multi) Record(e Event) {
+	for _, s := range m {
+		if s != nil {
+			s.Record(e)
+		}
+	}
+}
+
+// Logger writes each event as one JSON line through slog (message "egress").
+type Logger struct{ L *slog.Logger }
+
+// Record implements Sink.
+func (l Logger) Record(e Event) {
+	level := slog.LevelInfo
+	if !e.Allow {
+		level = slog.LevelWarn
+	}
+	attrs := []slog.Attr{
+		slog.String("sandbox", e.Sandbox),
+		slog.String("kind", string(e.Kind)),
+		slog.String("decision", e.Decision()),
+		slog.String("code", e.Code),
+		slog.String("reason", e.Reason),
+		slog.String("host", e.Host),
+		slog.Int("port", e.Port),
+		slog.Int64("bytes_in", e.BytesIn),
+		slog.Int64("bytes_out", e.BytesOut),
+		slog.Float64("duration_ms", float64(e.Duration)/1e6),
+	}
+	add := func(a slog.Attr, ok bool) {
+		if ok {
+			attrs = append(attrs, a)
+		}
+	}
+	add(slog.String("method", e.Method), e.Method != "")
+	add(slog.String("path", e.Path), e.Path != "")
+	add(slog.String("rule", e.Rule), e.Rule != "")
+	add(slog.String("addr", e.Addr), e.Addr != "")
+	add(slog.Int("status", e.Status), e.Status != 0)
+	add(slog.Float64("dns_ms", float64(e.DNSTime)/1e6), e.DNSTime != 0)
+	add(slog.Any("transforms", e.Transforms), len(e.Transforms) > 0)
+	add(slog.String("error", e.Error), e.Error != "")
+	l.L.LogAttrs(context.Background(), level, "egress", attrs...)
+}
+
+// Rings keeps the most recent events of each sandbox in memory, for the API
+// to serve. The zero value is not usable; use NewRings.
+type Rings struct {
+	size int
+	mu   sync.Mutex
+	by   map[string]*ring
+}
+
+type ring struct {
+	buf  []Event
+	next int
+	full bool
+}
+
+// NewRings keeps up to perSandbox events for each sandbox (at least 1).
+func NewRings(perSandbox int) *Rings {
+	if perSandbox < 1 {
+		perSandbox = 1
+	}
+	return &Rings{size: perSandbox, by: make(map[string]*ring)}
+}
+
+// Record implements Sink.
+func (r *Rings) Record(e Event) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	rg := r.by[e.Sandbox]
+	if rg == nil {
+		rg = &ring{buf: make([]Event, r.size)}
+		r.by[e.Sandbox] = rg
+	}
+	rg.buf[rg.next] = e
+	rg.next = (rg.next + 1) % len(rg.buf)
+	if rg.next == 0 {
+		rg.full = true
+	}
+}
+
+// Events returns a sandbox's kept events, oldest first.
+func (r *Rings) Events(sandbox string) []Event {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	rg := r.by[sandbox]
+	if rg == nil {
+		return nil
+	}
+	if !rg.full {
+		return append([]Event(nil), rg.buf[:rg.next]...)
+	}
+	out := make([]Event, 0, len(rg.buf))
+	out = append(out, rg.buf[rg.next:]...)
+	return append(out, rg.buf[:rg.next]...)
+}
+
+// Forget drops a sandbox's events (when it is destroyed).
+func (r *Rings) Forget(sandbox string) {
+	r.mu.Lock()
+	delete(r.by, sandbox)
+	r.mu.Unlock()
+}

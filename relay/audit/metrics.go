@@ -1,0 +1,73 @@
+package audit
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Metrics counts egress in Prometheus. Register it with the registry that
+// /metrics serves; it is also a Sink.
+type Metrics struct {
+	decisions     *prometheus.CounterVec
+	tunnelBytes   *prometheus.CounterVec
+	routedBytes   *prometheus.CounterVec
+	dnsLatency    prometheus.Histogram
+	activeTunnels prometheus.Gauge
+	requestTime   *prometheus.HistogramVec
+}
+
+// NewMetrics creates the egress metrics and registers them with reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sandgate_egress_decisions_total",
+			Help: "Egress decisions by result (allow, deny), reason code and kind.",
+		}, []string{"result", "reason", "kind"}),
+		tunnelBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sandgate_tunnel_bytes_total",
+			Help: "Bytes carried by CONNECT tunnels; direction in is from the sandbox, out is to it.",
+		}, []string{"direction"}),
+		routedBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sandgate_routed_bytes_total",
+			Help: "Body bytes carried by base-URL routes; direction in is from the sandbox, out is to it.",
+		}, []string{"direction"}),
+		dnsLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "sandgate_dns_lookup_seconds",
+			Help:    "Time to resolve a destination name, cache hits included.",
+			Buckets: prometheus.ExponentialBuckets(0.00001, 4, 10),
+		}),
+		activeTunnels: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "sandgate_active_tunnels",
+			Help: "CONNECT tunnels open now.",
+		}),
+		requestTime: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "sandgate_egress_duration_seconds",
+			Help:    "Duration of tunnels and routed requests, by kind.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 4, 10),
+		}, []string{"kind"}),
+	}
+	reg.MustRegister(m.decisions, m.tunnelBytes, m.routedBytes, m.dnsLatency, m.activeTunnels, m.requestTime)
+	return m
+}
+
+// Record implements Sink.
+func (m *Metrics) Record(e Event) {
+	m.decisions.WithLabelValues(e.Decision(), e.Code, string(e.Kind)).Inc()
+	switch e.Kind {
+	case Connect:
+		m.tunnelBytes.WithLabelValues("in").Add(float64(e.BytesIn))
+		m.tunnelBytes.WithLabelValues("out").Add(float64(e.BytesOut))
+	case Route:
+		m.routedBytes.WithLabelValues("in").Add(float64(e.BytesIn))
+		m.routedBytes.WithLabelValues("out").Add(float64(e.BytesOut))
+	}
+	if e.DNSTime > 0 {
+		m.dnsLatency.Observe(e.DNSTime.Seconds())
+	}
+	if e.Allow {
+		m.requestTime.WithLabelValues(string(e.Kind)).Observe(e.Duration.Seconds())
+	}
+}
+
+// TunnelOpened and TunnelClosed track the active-tunnels gauge.
+func (m *Metrics) TunnelOpened() { m.activeTunnels.Inc() }
+
+// TunnelClosed is the pair of TunnelOpened.
+func (m *Metrics) TunnelClosed() { m.activeTunnels.Dec() }

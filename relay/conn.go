@@ -1,0 +1,222 @@
+package relay
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/sandgate/sandgate/relay/audit"
+)
+
+// clientConn is one connection from a sandbox, served request by request.
+type clientConn struct {
+	p  *Proxy
+	sb *Sandbox
+	c  net.Conn
+	br *bufio.Reader
+	bw *bufio.Writer
+}
+
+func newClientConn(p *Proxy, sb *Sandbox, c net.Conn) *clientConn {
+	return &clientConn{p: p, sb: sb, c: c,
+		br: bufio.NewReaderSize(c, p.cfg.MaxHeaderBytes),
+		bw: bufio.NewWriterSize(c, 16<<10)}
+}
+
+var errHeaderTooLarge = errors.New("request header too large")
+
+// serve reads and answers requests until the connection should close.
+func (cc *clientConn) serve(ctx context.Context) {
+	for first := true; ctx.Err() == nil; first = false {
+		// Between requests the connection is idle; once a request starts
+		// its header must arrive within HeaderTimeout.
+		wait := cc.p.cfg.IdleTimeout
+		if first {
+			wait = cc.p.cfg.HeaderTimeout
+		}
+		cc.c.SetReadDeadline(time.Now().Add(wait))
+		if _, err := cc.br.Peek(1); err != nil {
+			return // closed or idle: nothing to answer
+		}
+		cc.c.SetReadDeadline(time.Now().Add(cc.p.cfg.HeaderTimeout))
+		req, err := cc.readRequest()
+		if err != nil {
+			cc.refuse(err, nil)
+			return
+		}
+		cc.c.SetReadDeadline(time.Time{})
+		if !cc.sb.acquire(cc.p.cfg.MaxConns) {
+			cc.refuse(limitError(fmt.Sprintf("sandbox %s already has %d connections open", cc.sb.id, cc.p.cfg.MaxConns), time.Second), req)
+			return
+		}
+		keep := cc.handle(ctx, req)
+		cc.sb.release()
+		if !keep {
+			return
+		}
+	}
+}
+
+func (s *Sandbox) acquire(max int) bool {
+	if s.open.Add(1) > int64(max) {
+		s.open.Add(-1)
+		return false
+	}
+	return true
+}
+
+func (s *Sandbox) release() { s.open.Add(-1) }
+
+// handle answers one request and reports whether the connection may carry
+// another.
+func (cc *clientConn) handle(ctx context.Context, req *http.Request) bool {
+	t, err := parseTarget(req.Method, req.RequestURI)
+	if err != nil {
+		cc.refuse(err, req)
+		return false
+	}
+	switch t.kind {
+	case kindConnect:
+		cc.connect(ctx, req, t)
+		return false
+	case kindRoute:
+		return cc.route(ctx, req, t)
+	}
+	return false
+}
+
+// readRequest reads one request, refusing before parsing what net/http
+// would silently normalise: a header over MaxHeaderBytes (429, a limit) and
+// a request carrying both Content-Length and Transfer-Encoding (a smuggling
+// attempt).
+func (cc *clientConn) readRequest() (*http.Request, error) {
+	head, err := cc.peekHead()
+	if err != nil {
+		if errors.Is(err, errHeaderTooLarge) {
+			return nil, limitError(fmt.Sprintf("request header exceeds %d bytes", cc.p.cfg.MaxHeaderBytes), time.Second)
+		}
+		if isTimeout(err) {
+			return nil, limitError(fmt.Sprintf("request header not received within %s", cc.p.cfg.HeaderTimeout), time.Second)
+		}
+		return nil, badRequest("reading request: %v", err)
+	}
+	if err := checkFraming(head); err != nil {
+		return nil, err
+	}
+	req, err := http.ReadRequest(cc.br)
+	if err != nil {
+		return nil, badRequest("malformed request: %v", err)
+	}
+	return req, nil
+}
+
+// peekHead returns the buffered request line and headers, without consuming
+// them, waiting for more bytes until the blank line that ends them arrives
+// or MaxHeaderBytes is reached.
+func (cc *clientConn) peekHead() ([]byte, error) {
+	scanned := 0
+	for {
+		buf, _ := cc.br.Peek(cc.br.Buffered())
+		if i := headEnd(buf, scanned); i >= 0 {
+			return buf[:i], nil
+		}
+		if len(buf) >= cc.p.cfg.MaxHeaderBytes {
+			return nil, errHeaderTooLarge
+		}
+		scanned = max(0, len(buf)-3)
+		// Block until at least one more byte is buffered. An error means no
+		// new byte came: the head is incomplete for good.
+		if _, err := cc.br.Peek(len(buf) + 1); err != nil {
+			if errors.Is(err, bufio.ErrBufferFull) {
+				return nil, errHeaderTooLarge
+			}
+			return nil, err
+		}
+	}
+}
+
+// headEnd returns the index just past the blank line ending a header block
+// in b, searching from `from`, or -1.
+func headEnd(b []byte, from int) int {
+	for i := from; i < len(b); i++ {
+		if b[i] != '\n' {
+			continue
+		}
+		if i+1 < len(b) && b[i+1] == '\n' {
+			return i + 2
+		}
+		if i+2 < len(b) && b[i+1] == '\r' && b[i+2] == '\n' {
+			return i + 3
+		}
+	}
+	return -1
+}
+
+// checkFraming refuses a request head that names both Content-Length and
+// Transfer-Encoding, however spelled: such a message means different things
+// to different parsers (request smuggling).
+func checkFraming(head []byte) error {
+	var cl, te bool
+	for _, line := range bytes.Split(head, []byte("\n")) {
+		name, _, ok := bytes.Cut(line, []byte(":"))
+		if !ok {
+			continue
+		}
+		n := strings.ToLower(strings.TrimSpace(string(name)))
+		switch n {
+		case "content-length":
+			cl = true
+		case "transfer-encoding":
+			te = true
+		}
+	}
+	if cl && te {
+		return &Error{Status: http.StatusBadRequest, Code: CodeSmuggling,
+			Reason: "request has both Content-Length and Transfer-Encoding; send one framing header"}
+	}
+	return nil
+}
+
+// refuse answers with err's status and closes the connection. A request
+// refused before it had a destination still gets an audit event.
+func (cc *clientConn) refuse(err error, req *http.Request) {
+	e := asError(err)
+	ev := audit.Event{Sandbox: cc.sb.id, Kind: audit.Refused, Code: e.Code, Reason: e.Reason, Status: e.Status}
+	if req != nil {
+		ev.Method = req.Method
+		if t, terr := parseTarget(req.Method, req.RequestURI); terr == nil {
+			ev.Host, ev.Port, ev.Path = t.host, t.port, pathOnly(t.rest)
+		}
+	}
+	if e.Err != nil {
+		ev.Error = e.Err.Error()
+	}
+	cc.p.record(ev)
+	cc.writeError(e, true)
+}
+
+// writeError writes an error response: status, X-Sandgate-Error, and the
+// reason as the body.
+func (cc *clientConn) writeError(e *Error, closing bool) {
+	body := e.Error() + "\n"
+	resp := &http.Response{
+		StatusCode:    e.Status,
+		ProtoMajor:    1,
+		ProtoMinor:    1,
+		Header:        e.header(closing),
+		ContentLength: int64(len(body)),
+		Body:          io.NopCloser(strings.NewReader(body)),
+		Close:         closing,
+	}
+	cc.c.SetWriteDeadline(time.Now().Add(10 * time.Second))
+	resp.Write(cc.bw)
+	cc.bw.Flush()
+	cc.c.SetWriteDeadline(time.Time{})
+}

@@ -1,0 +1,185 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/sandgate/sandgate/netpolicy"
+	"github.com/sandgate/sandgate/relay/audit"
+)
+
+// connect serves CONNECT host:443: decide, dial the checked address, answer
+// 200, then splice bytes both ways until either side closes or the tunnel
+// idles out. The audit event is written when the tunnel closes.
+func (cc *clientConn) connect(ctx context.Context, req *http.Request, t target) {
+	start := time.Now()
+	ev := audit.Event{Sandbox: cc.sb.id, Kind: audit.Connect, Host: t.host, Port: t.port, Method: req.Method}
+	dec, err := cc.p.cfg.Decider.Decide(ctx, netpolicy.DecideArgs{Policy: cc.sb.Policy(), Host: t.host, Port: t.port})
+	fillDecision(&ev, dec)
+	if err == nil && !dec.Allow {
+		err = denied(dec)
+	}
+	var up net.Conn
+	if err == nil {
+		up, err = cc.p.cfg.Decider.Dial(ctx, &dec)
+	}
+	if err != nil {
+		// The event keeps the policy's decision; a failure after an allow
+		// (the dial) shows as its status and error.
+		e := asError(err)
+		ev.Status, ev.Duration = e.Status, time.Since(start)
+		if e.Err != nil {
+			ev.Error = e.Err.Error()
+		}
+		cc.p.record(ev)
+		cc.writeError(e, true)
+		return
+	}
+	defer up.Close()
+	ev.Addr = dec.Addr.String()
+	ev.Status = http.StatusOK
+	if cc.p.cfg.Metrics != nil {
+		cc.p.cfg.Metrics.TunnelOpened()
+		defer cc.p.cfg.Metrics.TunnelClosed()
+	}
+	if _, err := io.WriteString(cc.bw, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil || cc.bw.Flush() != nil {
+		ev.Error, ev.Duration = "client went away before the tunnel opened", time.Since(start)
+		cc.p.record(ev)
+		return
+	}
+	// Bytes the sandbox sent after the CONNECT head (a pipelined TLS
+	// ClientHello) are already buffered: they go first.
+	var pre []byte
+	if n := cc.br.Buffered(); n > 0 {
+		pre, _ = cc.br.Peek(n)
+	}
+	in, out, serr := splice(cc.c, up, pre, cc.p.cfg.IdleTimeout)
+	ev.BytesIn, ev.BytesOut, ev.Duration = in, out, time.Since(start)
+	if serr != nil {
+		ev.Error = serr.Error()
+	}
+	cc.p.record(ev)
+}
+
+// fillDecision copies a decision into an audit event.
+func fillDecision(ev *audit.Event, dec netpolicy.Decision) {
+	ev.Allow, ev.Code, ev.Reason, ev.Rule, ev.DNSTime = dec.Allow, string(dec.Code), dec.Reason, dec.Rule, dec.DNSTime
+	if dec.Host != (netpolicy.Host{}) {
+		ev.Host = dec.Host.String()
+	}
+	ev.Port = dec.Port
+}
+
+var copyBufs = sync.Pool{New: func() any { b := make([]byte, 64<<10); return &b }}
+
+// tunnelCopier copies one direction of a tunnel, noting activity for the
+// idle watchdog. It is a named type so that stack traces say what a
+// goroutine is doing.
+type tunnelCopier struct {
+	dst, src net.Conn
+	last     *atomic.Int64 // unix nanoseconds of the last byte either way
+	n        int64
+	err      error
+}
+
+func (t *tunnelCopier) run(pre []byte) {
+	if len(pre) > 0 {
+		n, err := t.dst.Write(pre)
+		t.n += int64(n)
+		if err != nil {
+			t.err = err
+			return
+		}
+	}
+	bp := copyBufs.Get().(*[]byte)
+	defer copyBufs.Put(bp)
+	buf := *bp
+	for {
+		nr, rerr := t.src.Read(buf)
+		if nr > 0 {
+			t.last.Store(time.Now().UnixNano())
+			nw, werr := t.dst.Write(buf[:nr])
+			t.n += int64(nw)
+			if werr != nil {
+				t.err = werr
+				return
+			}
+		}
+		if rerr != nil {
+			if rerr != io.EOF {
+				t.err = rerr
+			}
+			return
+		}
+	}
+}
+
+// splice copies client↔upstream until both directions end (a side's EOF is
+// passed on as a half-close where the connection supports it) or nothing
+// moves for idle. It returns the bytes from the client (in) and to it (out).
+func splice(client, up net.Conn, pre []byte, idle time.Duration) (in, out int64, err error) {
+	var last atomic.Int64
+	last.Store(time.Now().UnixNano())
+	toUp := &tunnelCopier{dst: up, src: client, last: &last}
+	toClient := &tunnelCopier{dst: client, src: up, last: &last}
+	done := make(chan struct{}, 2)
+	go func() { toUp.run(pre); closeWrite(up); done <- struct{}{} }()
+	go func() { toClient.run(nil); closeWrite(client); done <- struct{}{} }()
+
+	tick := time.NewTicker(min(idle/4+time.Millisecond, 30*time.Second))
+	defer tick.Stop()
+	var idled bool
+	for pending := 2; pending > 0; {
+		select {
+		case <-done:
+			pending--
+			if pending == 1 {
+				// One side finished; the other gets the idle bound to
+				// finish too (a peer that never closes must not pin us).
+				last.Store(time.Now().UnixNano())
+			}
+		case now := <-tick.C:
+			if now.Sub(time.Unix(0, last.Load())) >= idle && !idled {
+				idled = true
+				client.Close()
+				up.Close()
+			}
+		}
+	}
+	if idled {
+		return toUp.n, toClient.n, errTunnelIdle
+	}
+	return toUp.n, toClient.n, firstErr(toUp.err, toClient.err)
+}
+
+var errTunnelIdle = &Error{Status: http.StatusTooManyRequests, Code: CodeLimit, Reason: "tunnel closed after its idle time"}
+
+func firstErr(errs ...error) error {
+	for _, e := range errs {
+		if e != nil && !isClosedErr(e) {
+			return e
+		}
+	}
+	return nil
+}
+
+func isClosedErr(err error) bool {
+	return errors.Is(err, net.ErrClosed) || errors.Is(err, io.ErrClosedPipe) || errors.Is(err, syscall.ECONNRESET)
+}
+
+// closeWrite half-closes c when it can, so the peer sees EOF while the other
+// direction keeps flowing.
+func closeWrite(c net.Conn) {
+	if cw, ok := c.(interface{ CloseWrite() error }); ok {
+		cw.CloseWrite()
+		return
+	}
+	c.Close()
+}

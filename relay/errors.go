@@ -1,0 +1,120 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sandgate/sandgate/netpolicy"
+)
+
+// Relay reason codes, beside netpolicy's decision codes.
+const (
+	CodeBadRequest     = "bad_request"
+	CodePlainHTTP      = "plain_http"
+	CodeNoRoute        = "no_route"
+	CodeSmuggling      = "smuggling"
+	CodeLimit          = "limit"
+	CodeUpstream       = "upstream_error"
+	CodeUpstreamTimout = "upstream_timeout"
+	CodeTransform      = "transform_error"
+)
+
+// Error is a refusal or failure the proxy answers the sandbox with. Status,
+// the X-Sandgate-Error header and the body all come from it, in writeError.
+type Error struct {
+	Status int
+	Code   string
+	Reason string
+	// RetryAfter is sent as Retry-After (whole seconds, at least 1) on 429.
+	RetryAfter time.Duration
+	Err        error
+}
+
+func (e *Error) Error() string {
+	if e.Err != nil && !strings.Contains(e.Reason, e.Err.Error()) {
+		return e.Reason + ": " + e.Err.Error()
+	}
+	return e.Reason
+}
+
+func (e *Error) Unwrap() error { return e.Err }
+
+func badRequest(format string, args ...any) *Error {
+	return &Error{Status: http.StatusBadRequest, Code: CodeBadRequest, Reason: fmt.Sprintf(format, args...)}
+}
+
+func limitError(reason string, retry time.Duration) *Error {
+	return &Error{Status: http.StatusTooManyRequests, Code: CodeLimit, Reason: reason, RetryAfter: retry}
+}
+
+// denied turns a policy denial into the 403 the sandbox sees.
+func denied(dec netpolicy.Decision) *Error {
+	return &Error{Status: http.StatusForbidden, Code: string(dec.Code), Reason: dec.Reason}
+}
+
+// asError maps any error met while carrying a request to the status the
+// sandbox sees. This is the one place where error categories become
+// statuses: denial → 403, DNS failure → 502, upstream timeout → 504,
+// limit → 429, anything else from upstream → 502.
+func asError(err error) *Error {
+	var e *Error
+	if errors.As(err, &e) {
+		return e
+	}
+	var dnsErr *netpolicy.DNSError
+	if errors.As(err, &dnsErr) {
+		return &Error{Status: http.StatusBadGateway, Code: string(netpolicy.CodeDNS), Reason: dnsErr.Error(), Err: err}
+	}
+	if isTimeout(err) {
+		return &Error{Status: http.StatusGatewayTimeout, Code: CodeUpstreamTimout, Reason: "upstream did not answer in time", Err: err}
+	}
+	return &Error{Status: http.StatusBadGateway, Code: CodeUpstream, Reason: "upstream failed", Err: err}
+}
+
+func isTimeout(err error) bool {
+	if errors.Is(err, context.DeadlineExceeded) {
+		return true
+	}
+	var de *netpolicy.DialError
+	if errors.As(err, &de) {
+		return de.Timeout()
+	}
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// header returns the headers of the error response.
+func (e *Error) header(closing bool) http.Header {
+	h := http.Header{}
+	h.Set("Content-Type", "text/plain; charset=utf-8")
+	h.Set("X-Sandgate-Error", headerSafe(e.Error()))
+	if e.Status == http.StatusTooManyRequests {
+		secs := int((e.RetryAfter + time.Second - 1) / time.Second)
+		if secs < 1 {
+			secs = 1
+		}
+		h.Set("Retry-After", strconv.Itoa(secs))
+	}
+	if closing {
+		h.Set("Connection", "close")
+	}
+	return h
+}
+
+// headerSafe keeps a header value to printable ASCII on one line.
+func headerSafe(s string) string {
+	var b strings.Builder
+	for _, r := range truncate(s, 512) {
+		if r < 0x20 || r > 0x7e {
+			r = '?'
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}

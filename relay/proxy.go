@@ -1,0 +1,265 @@
+// Package relay carries a sandbox's egress: an HTTP proxy that serves
+// CONNECT tunnels to port 443 and base-URL routes
+// (/https/<host>/<path>) forwarded over HTTPS. It asks netpolicy what is
+// allowed, transforms what to rewrite, and writes one audit event per tunnel
+// and per routed request. The sandbox a connection belongs to is the
+// listener or link it came on, never anything it says.
+package relay
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sandgate/sandgate/netpolicy"
+	"github.com/sandgate/sandgate/relay/audit"
+	"github.com/sandgate/sandgate/transforms"
+)
+
+// Config configures a Proxy. Zero values take the documented defaults.
+type Config struct {
+	// Decider judges every destination and dials what it allowed. Required.
+	Decider *netpolicy.Decider
+	// Audit receives one event per tunnel and per routed request. Nil
+	// discards events.
+	Audit audit.Sink
+	// Metrics, when set, tracks the active-tunnels gauge. (Count events by
+	// adding it to Audit too.)
+	Metrics *audit.Metrics
+	// Logger receives operational messages (not audit events). Nil discards.
+	Logger *slog.Logger
+	// UpstreamRoots verifies upstream certificates on base-URL routes; nil
+	// means the system roots.
+	UpstreamRoots *x509.CertPool
+	// MaxHeaderBytes caps a request's line and headers; default 64 KiB.
+	MaxHeaderBytes int
+	// MaxConns caps the connections one sandbox may have open at once
+	// (tunnels and routed requests together); default 256.
+	MaxConns int
+	// HeaderTimeout bounds reading a request's headers; default 30s.
+	HeaderTimeout time.Duration
+	// IdleTimeout closes a tunnel, or a kept-alive connection, with no
+	// traffic for this long; default 10m.
+	IdleTimeout time.Duration
+	// ResponseHeaderTimeout bounds the wait for an upstream's response
+	// headers on a base-URL route; default 10m (model APIs can think long).
+	ResponseHeaderTimeout time.Duration
+}
+
+func (c Config) withDefaults() Config {
+	if c.MaxHeaderBytes <= 0 {
+		c.MaxHeaderBytes = 64 << 10
+	}
+	if c.MaxConns <= 0 {
+		c.MaxConns = 256
+	}
+	if c.HeaderTimeout <= 0 {
+		c.HeaderTimeout = 30 * time.Second
+	}
+	if c.IdleTimeout <= 0 {
+		c.IdleTimeout = 10 * time.Minute
+	}
+	if c.ResponseHeaderTimeout <= 0 {
+		c.ResponseHeaderTimeout = 10 * time.Minute
+	}
+	if c.Audit == nil {
+		c.Audit = audit.Multi(nil)
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c
+}
+
+// Proxy is the egress proxy. It is safe for concurrent use; one Proxy serves
+// every sandbox, each on listeners or links of its own.
+type Proxy struct {
+	cfg Config
+
+	mu     sync.Mutex
+	conns  map[net.Conn]struct{}
+	closed bool
+}
+
+// New returns a proxy with cfg.
+func New(cfg Config) (*Proxy, error) {
+	if cfg.Decider == nil || cfg.Decider.Resolver == nil {
+		return nil, errors.New("relay: Config.Decider with a Resolver is required")
+	}
+	return &Proxy{cfg: cfg.withDefaults(), conns: make(map[net.Conn]struct{})}, nil
+}
+
+// Sandbox is the identity and rules that connections on one listener or
+// link are served under. Its policy and transformations may be changed while
+// it is served; each request sees one version or the other.
+type Sandbox struct {
+	id         string
+	policy     atomic.Pointer[netpolicy.Policy]
+	transforms *transforms.RuleSet
+	open       atomic.Int64
+
+	tmu       sync.Mutex
+	transport *http.Transport
+}
+
+// NewSandbox returns the identity for sandbox id with a network policy and
+// transformation rules (nil means none).
+func NewSandbox(id string, policy netpolicy.Policy, rules *transforms.RuleSet) *Sandbox {
+	if rules == nil {
+		rules = transforms.NewRuleSet()
+	}
+	s := &Sandbox{id: id, transforms: rules}
+	s.policy.Store(&policy)
+	return s
+}
+
+// ID returns the sandbox id.
+func (s *Sandbox) ID() string { return s.id }
+
+// Policy returns the current network policy.
+func (s *Sandbox) Policy() netpolicy.Policy { return *s.policy.Load() }
+
+// SetPolicy replaces the network policy. Kept-alive upstream connections
+// are dropped, so nothing dialed under the old policy is reused.
+func (s *Sandbox) SetPolicy(p netpolicy.Policy) {
+	s.policy.Store(&p)
+	s.tmu.Lock()
+	if s.transport != nil {
+		s.transport.CloseIdleConnections()
+	}
+	s.tmu.Unlock()
+}
+
+// Transforms returns the sandbox's live transformation rules.
+func (s *Sandbox) Transforms() *transforms.RuleSet { return s.transforms }
+
+// Close releases the sandbox's kept-alive upstream connections.
+func (s *Sandbox) Close() {
+	s.tmu.Lock()
+	if s.transport != nil {
+		s.transport.CloseIdleConnections()
+	}
+	s.tmu.Unlock()
+}
+
+// decisionKey carries a route's decision to the transport's dialer.
+type decisionKey struct{}
+
+// upstream returns the sandbox's own HTTPS transport. Each sandbox has its
+// own, so a connection dialed under one sandbox's policy is never reused
+// for another's request.
+func (s *Sandbox) upstream(p *Proxy) *http.Transport {
+	s.tmu.Lock()
+	defer s.tmu.Unlock()
+	if s.transport == nil {
+		s.transport = &http.Transport{
+			Proxy: nil, // never the environment's proxy
+			DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+				dec, ok := ctx.Value(decisionKey{}).(*netpolicy.Decision)
+				if !ok {
+					return nil, fmt.Errorf("relay: dial %s without a decision", addr)
+				}
+				return p.cfg.Decider.Dial(ctx, dec)
+			},
+			TLSClientConfig:        &tls.Config{RootCAs: p.cfg.UpstreamRoots, MinVersion: tls.VersionTLS12},
+			ForceAttemptHTTP2:      true,
+			DisableCompression:     true,
+			MaxIdleConnsPerHost:    64,
+			IdleConnTimeout:        90 * time.Second,
+			TLSHandshakeTimeout:    15 * time.Second,
+			ResponseHeaderTimeout:  p.cfg.ResponseHeaderTimeout,
+			ExpectContinueTimeout:  time.Second,
+			MaxResponseHeaderBytes: 1 << 20,
+		}
+	}
+	return s.transport
+}
+
+// Serve accepts connections on ln and serves each as sandbox sb until ctx
+// ends or ln fails. It closes ln when it returns. Connections still open
+// when ctx ends are closed.
+func (p *Proxy) Serve(ctx context.Context, ln net.Listener, sb *Sandbox) error {
+	stop := context.AfterFunc(ctx, func() { ln.Close() })
+	defer stop()
+	defer ln.Close()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			if ctx.Err() != nil {
+				return context.Cause(ctx)
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				time.Sleep(10 * time.Millisecond)
+				continue
+			}
+			return err
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p.ServeConn(ctx, c, sb)
+		}()
+	}
+}
+
+// ServeConn serves one connection (a TCP connection or a stream of a
+// sandbox's link) as sandbox sb, and closes it when done. It returns when
+// the connection is finished or ctx ends.
+func (p *Proxy) ServeConn(ctx context.Context, c net.Conn, sb *Sandbox) {
+	if !p.track(c) {
+		c.Close()
+		return
+	}
+	defer p.untrack(c)
+	stop := context.AfterFunc(ctx, func() { c.Close() })
+	defer stop()
+	defer c.Close()
+	newClientConn(p, sb, c).serve(ctx)
+}
+
+func (p *Proxy) track(c net.Conn) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return false
+	}
+	p.conns[c] = struct{}{}
+	return true
+}
+
+func (p *Proxy) untrack(c net.Conn) {
+	p.mu.Lock()
+	delete(p.conns, c)
+	p.mu.Unlock()
+}
+
+// Close closes every connection the proxy is serving and refuses new ones.
+func (p *Proxy) Close() error {
+	p.mu.Lock()
+	p.closed = true
+	conns := p.conns
+	p.conns = map[net.Conn]struct{}{}
+	p.mu.Unlock()
+	for c := range conns {
+		c.Close()
+	}
+	return nil
+}
+
+func (p *Proxy) record(e audit.Event) {
+	if e.Time.IsZero() {
+		e.Time = time.Now()
+	}
+	p.cfg.Audit.Record(e)
+}

@@ -1,0 +1,653 @@
+package relay
+
+import (
+	"bufio"
+	"bytes"
+	"compress/gzip"
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sandgate/sandgate/internal/dnstest"
+	"github.com/sandgate/sandgate/internal/tlstest"
+	"github.com/sandgate/sandgate/netpolicy"
+	"github.com/sandgate/sandgate/relay/audit"
+	"github.com/sandgate/sandgate/transforms"
+)
+
+// canary is a secret that must reach the upstream and appear in no log,
+// audit event, error or response the sandbox sees.
+const canary = "sk-canary-7Hq2ZpX9vLrT4mNw"
+
+// syncBuffer is a bytes.Buffer safe for the proxy's goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// env is a proxy on loopback with its DNS server, CA and upstreams.
+type env struct {
+	t       testing.TB
+	dns     *dnstest.Server
+	ca      *tlstest.CA
+	decider *netpolicy.Decider
+	proxy   *Proxy
+	sb      *Sandbox
+	addr    string // proxy listen address
+	rings   *audit.Rings
+	log     *syncBuffer // audit JSON lines and operational logs
+}
+
+type envOpt func(*Config)
+
+func newEnv(t *testing.T, policy string, rules string, opts ...envOpt) *env {
+	return newEnvTB(t, policy, rules, opts...)
+}
+
+func newEnvTB(t testing.TB, policy string, rules string, opts ...envOpt) *env {
+	t.Helper()
+	e := &env{t: t, dns: dnstest.Start(t), ca: tlstest.MustCA(t), rings: audit.NewRings(100), log: &syncBuffer{}}
+	res, err := netpolicy.NewDNSResolver(netpolicy.ResolverConfig{Servers: []string{e.dns.Addr}, Timeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { res.Close() })
+	e.decider = &netpolicy.Decider{Resolver: res, DialTimeout: 5 * time.Second}
+	logger := slog.New(slog.NewJSONHandler(e.log, nil))
+	cfg := Config{
+		Decider:       e.decider,
+		Audit:         audit.Multi{audit.Logger{L: logger}, e.rings},
+		Logger:        logger,
+		UpstreamRoots: e.ca.Pool,
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	e.proxy, err = New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pol, err := netpolicy.ParsePolicy([]byte(policy))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs := transforms.NewRuleSet()
+	if rules != "" {
+		list, err := transforms.ParseRules([]byte(rules), func(k string) (string, bool) {
+			if k == "CANARY_KEY" {
+				return canary, true
+			}
+			return "", false
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rs.Set(list...)
+	}
+	e.sb = NewSandbox("sb-test", pol, rs)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.addr = ln.Addr().String()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { e.proxy.Serve(ctx, ln, e.sb); close(done) }()
+	t.Cleanup(func() {
+		cancel()
+		e.proxy.Close()
+		e.sb.Close()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			t.Error("proxy did not stop within 10s")
+		}
+		if strings.Contains(e.log.String(), canary) {
+			t.Errorf("the canary secret appears in the proxy's logs:\n%s", e.log.String())
+		}
+		for _, ev := range e.rings.Events(e.sb.ID()) {
+			b, _ := json.Marshal(ev)
+			if strings.Contains(string(b), canary) {
+				t.Errorf("the canary secret appears in an audit event: %s", b)
+			}
+		}
+	})
+	return e
+}
+
+// upstream starts an HTTPS server for name on 127.x.y.z:443, points name at
+// it in DNS, and exempts its address from the loopback refusal.
+func (e *env) upstream(name string, h http.Handler) *httptest.Server {
+	e.t.Helper()
+	srv := e.ca.Server(e.t, h, name)
+	a := tlstest.Addr(srv)
+	e.dns.Set(name, a)
+	e.decider.AllowPrivate = append(e.decider.AllowPrivate, netip.PrefixFrom(a, 32))
+	return srv
+}
+
+// tunnelClient sends requests through the proxy with CONNECT.
+func (e *env) tunnelClient() *http.Client {
+	pu, _ := url.Parse("http://" + e.addr)
+	return &http.Client{
+		Transport: &http.Transport{Proxy: http.ProxyURL(pu), TLSClientConfig: &tls.Config{RootCAs: e.ca.Pool}},
+		Timeout:   20 * time.Second,
+	}
+}
+
+// routeClient sends base-URL route requests to the proxy directly.
+func (e *env) routeClient() *http.Client {
+	return &http.Client{
+		Transport:     &http.Transport{Proxy: nil, DisableCompression: true},
+		Timeout:       20 * time.Second,
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
+}
+
+func (e *env) routeURL(hostPath string) string { return "http://" + e.addr + "/https/" + hostPath }
+
+// raw sends raw bytes to the proxy and reads one response.
+func (e *env) raw(req string) *http.Response {
+	e.t.Helper()
+	c, err := net.DialTimeout("tcp", e.addr, 5*time.Second)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() { c.Close() })
+	c.SetDeadline(time.Now().Add(20 * time.Second))
+	if _, err := io.WriteString(c, req); err != nil {
+		e.t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		e.t.Fatalf("reading response to %q: %v", req, err)
+	}
+	return resp
+}
+
+// lastEvent waits (bounded) for the sandbox's n-th audit event.
+func (e *env) event(n int) audit.Event {
+	e.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if evs := e.rings.Events(e.sb.ID()); len(evs) >= n {
+			return evs[n-1]
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	e.t.Fatalf("audit event %d never came; have %v", n, e.rings.Events(e.sb.ID()))
+	return audit.Event{}
+}
+
+func body(t *testing.T, r *http.Response) string {
+	t.Helper()
+	defer r.Body.Close()
+	b, err := io.ReadAll(r.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+func hello(w http.ResponseWriter, r *http.Request) {
+	fmt.Fprintf(w, "hello %s %s", r.Method, r.URL.Path)
+}
+
+func TestConnectAllowed(t *testing.T) {
+	e := newEnv(t, `{"mode":"custom","allowedHosts":["api.example.com"]}`, "")
+	srv := e.upstream("api.example.com", http.HandlerFunc(hello))
+	resp, err := e.tunnelClient().Get("https://api.example.com/x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := body(t, resp); got != "hello GET /x" {
+		t.Errorf("got %q, want %q", got, "hello GET /x")
+	}
+	e.tunnelClient().CloseIdleConnections()
+	resp.Body.Close()
+	// The event is written when the tunnel closes.
+	e.tunnelClient().Transport.(*http.Transport).CloseIdleConnections()
+	_ = srv
+}
+
+func TestConnectEvent(t *testing.T) {
+	e := newEnv(t, `{"mode":"custom","allowedHosts":["api.example.com"]}`, "")
+	srv := e.upstream("api.example.com", http.HandlerFunc(hello))
+	cl := e.tunnelClient()
+	resp, err := cl.Get("https://api.example.com/x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body(t, resp)
+	cl.CloseIdleConnections()
+	ev := e.event(1)
+	if ev.Kind != audit.Connect || !ev.Allow || ev.Host != "api.example.com" || ev.Port != 443 ||
+		ev.Addr != tlstest.Addr(srv).String() || ev.Rule != "allowedHosts:api.example.com" ||
+		ev.BytesIn == 0 || ev.BytesOut == 0 || ev.Status != 200 || ev.Code != "allowed_host" {
+		t.Errorf("connect event = %+v", ev)
+	}
+	if !strings.Contains(e.log.String(), `"msg":"egress"`) || !strings.Contains(e.log.String(), `"decision":"allow"`) {
+		t.Errorf("no canonical egress log line: %s", e.log.String())
+	}
+}
+
+func TestConnectRefusals(t *testing.T) {
+	e := newEnv(t, `{"mode":"custom","allowedHosts":["api.example.com","private.example.com"]}`, "")
+	e.upstream("api.example.com", http.HandlerFunc(hello))
+	e.dns.Set("private.example.com", netip.MustParseAddr("10.0.0.5"))
+	tests := []struct {
+		target string
+		status int
+		reason string
+	}{
+		{"evil.example.com:443", 403, "no allowedHosts rule matches evil.example.com"},
+		{"api.example.com:22", 403, "port 22 is not allowed: HTTPS (443) only"},
+		{"api.example.com:80", 403, "port 80 is not allowed: HTTPS (443) only"},
+		{"private.example.com:443", 403, "private.example.com resolves only to private addresses (10.0.0.5)"},
+		{"127.0.0.1:443", 403, "127.0.0.1 is a loopback address"},
+		{"2130706433:443", 403, "127.0.0.1 is a loopback address"},
+		{"[::ffff:169.254.169.254]:443", 403, "169.254.169.254"},
+		{"0x7f.1:443", 403, "loopback"},
+		{"localhost:443", 403, "refused before any lookup"},
+		{"metadata.google.internal:443", 403, "metadata"},
+		{"api.example.com", 400, "no port"},
+		{"user@api.example.com:443", 403, "userinfo"},
+	}
+	for _, tt := range tests {
+		resp := e.raw("CONNECT " + tt.target + " HTTP/1.1\r\nHost: " + tt.target + "\r\n\r\n")
+		b := body(t, resp)
+		if resp.StatusCode != tt.status || !strings.Contains(b, tt.reason) || !strings.Contains(resp.Header.Get("X-Sandgate-Error"), tt.reason) {
+			t.Errorf("CONNECT %s: %d %q (X-Sandgate-Error %q), want %d with %q", tt.target, resp.StatusCode, b, resp.Header.Get("X-Sandgate-Error"), tt.status, tt.reason)
+		}
+	}
+}
+
+func TestConnectIPLiteralNeedsCIDR(t *testing.T) {
+	e := newEnv(t, `{"mode":"custom","allowedHosts":["api.example.com"]}`, "")
+	srv := e.upstream("api.example.com", http.HandlerFunc(hello))
+	a := tlstest.Addr(srv)
+	resp := e.raw("CONNECT " + a.String() + ":443 HTTP/1.1\r\n\r\n")
+	if b := body(t, resp); resp.StatusCode != 403 || !strings.Contains(b, "allowed only by an allowedCIDRs rule") {
+		t.Errorf("IP literal without CIDR rule: %d %q", resp.StatusCode, b)
+	}
+	pol, _ := netpolicy.ParsePolicy([]byte(`{"mode":"custom","allowedCIDRs":["` + a.String() + `/32"]}`))
+	e.sb.SetPolicy(pol)
+	resp = e.raw("CONNECT " + a.String() + ":443 HTTP/1.1\r\n\r\n")
+	if resp.StatusCode != 200 {
+		t.Errorf("IP literal with CIDR rule: %d %q", resp.StatusCode, body(t, resp))
+	}
+}
+
+func TestRoute(t *testing.T) {
+	e := newEnv(t, `{"mode":"custom","allowedHosts":["api.example.com"]}`, "")
+	var got struct {
+		method, uri, host string
+		header            http.Header
+		body              string
+	}
+	e.upstream("api.example.com", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		got.method, got.uri, got.host, got.header, got.body = r.Method, r.RequestURI, r.Host, r.Header.Clone(), string(b)
+		w.Header().Set("X-Upstream", "yes")
+		w.WriteHeader(201)
+		io.WriteString(w, "created")
+	}))
+	req, _ := http.NewRequest("POST", e.routeURL("api.example.com/v1/messages/a%2Fb?beta=true&x=%20y"), strings.NewReader(`{"q":1}`))
+	req.Header.Set("Connection", "X-Hop")
+	req.Header.Set("X-Hop", "secret-hop")
+	req.Header.Set("Proxy-Authorization", "Basic Zm9vOmJhcg==")
+	req.Header.Set("X-Keep", "kept")
+	resp, err := e.routeClient().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := body(t, resp); resp.StatusCode != 201 || b != "created" || resp.Header.Get("X-Upstream") != "yes" {
+		t.Fatalf("got %d %q %v", resp.StatusCode, b, resp.Header)
+	}
+	if got.method != "POST" || got.uri != "/v1/messages/a%2Fb?beta=true&x=%20y" || got.host != "api.example.com" || got.body != `{"q":1}` {
+		t.Errorf("upstream saw %s %q host %q body %q", got.method, got.uri, got.host, got.body)
+	}
+	for k := range got.header {
+		if strings.HasPrefix(k, "X-Forwarded") || strings.HasPrefix(k, "Proxy-") || k == "X-Hop" || k == "Via" || k == "Forwarded" {
+			t.Errorf("upstream saw header %s", k)
+		}
+	}
+	if got.header.Get("X-Keep") != "kept" {
+		t.Errorf("X-Keep did not reach the upstream")
+	}
+	ev := e.event(1)
+	if ev.Kind != audit.Route || !ev.Allow || ev.Method != "POST" || ev.Path != "/v1/messages/a%2Fb" || ev.Status != 201 || ev.BytesIn != 7 || ev.BytesOut != 7 {
+		t.Errorf("route event = %+v", ev)
+	}
+}
+
+func TestRouteNoRedirectFollow(t *testing.T) {
+	e := newEnv(t, `{"mode":"custom","allowedHosts":["api.example.com"]}`, "")
+	e.upstream("api.example.com", http.RedirectHandler("https://evil.example.com/", http.StatusFound))
+	resp, err := e.routeClient().Get(e.routeURL("api.example.com/r"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body(t, resp)
+	if resp.StatusCode != 302 || resp.Header.Get("Location") != "https://evil.example.com/" {
+		t.Errorf("got %d %q, want the 302 itself", resp.StatusCode, resp.Header.Get("Location"))
+	}
+}
+
+func TestRouteKeepAlive(t *testing.T) {
+	e := newEnv(t, `{"mode":"custom","allowedHosts":["api.example.com"]}`, "")
+	e.upstream("api.example.com", http.HandlerFunc(hello))
+	c, err := net.Dial("tcp", e.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(20 * time.Second))
+	br := bufio.NewReader(c)
+	for i := range 3 {
+		fmt.Fprintf(c, "GET /https/api.example.com/k%d HTTP/1.1\r\nHost: x\r\n\r\n", i)
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("request %d on one connection: %v", i, err)
+		}
+		if b := body(t, resp); b != fmt.Sprintf("hello GET /k%d", i) {
+			t.Errorf("request %d: got %q", i, b)
+		}
+	}
+}
+
+// TestRouteStreamsSSE: each event reaches the client before the upstream
+// writes the next, so nothing is buffered on the way.
+func TestRouteStreamsSSE(t *testing.T) {
+	for _, withSecret := range []bool{false, true} {
+		t.Run(fmt.Sprintf("scrubbed=%v", withSecret), func(t *testing.T) {
+			rules := ""
+			if withSecret {
+				rules = `[{"match":{"host":"api.example.com"},"transform":{"headers":{"x-api-key":{"env":"CANARY_KEY"}}}}]`
+			}
+			e := newEnv(t, `{"mode":"custom","allowedHosts":["api.example.com"]}`, rules)
+			next := make(chan struct{})
+			e.upstream("api.example.com", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", "text/event-stream")
+				for i := range 3 {
+					fmt.Fprintf(w, "event: message\ndata: {\"n\":%d}\n\n", i)
+					w.(http.Flusher).Flush()
+					select {
+					case <-next:
+					case <-time.After(20 * time.Second):
+						return
+					}
+				}
+			}))
+			resp, err := e.routeClient().Get(e.routeURL("api.example.com/v1/stream"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			br := bufio.NewReader(resp.Body)
+			for i := range 3 {
+				var ev strings.Builder
+				for {
+					line, err := br.ReadString('\n')
+					if err != nil {
+						t.Fatalf("event %d: %v (got %q)", i, err, ev.String())
+					}
+					ev.WriteString(line)
+					if line == "\n" {
+						break
+					}
+				}
+				if want := fmt.Sprintf("event: message\ndata: {\"n\":%d}\n\n", i); ev.String() != want {
+					t.Errorf("event %d = %q, want %q", i, ev.String(), want)
+				}
+				next <- struct{}{}
+			}
+		})
+	}
+}
+
+// TestSecretSwap: the sandbox sends the placeholder; the upstream receives
+// the secret and never the placeholder; the secret echoed back reaches the
+// sandbox as the placeholder, in headers and in plain and gzip bodies.
+func TestSecretSwap(t *testing.T) {
+	rules := `[{"match":{"host":"api.example.com","path":{"startsWith":"/v1/"}},"transform":{"headers":{"x-api-key":{"env":"CANARY_KEY"}}}}]`
+	e := newEnv(t, `{"mode":"custom","allowedHosts":["api.example.com"]}`, rules)
+	var mu sync.Mutex
+	var seen []string
+	e.upstream("api.example.com", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		dump := fmt.Sprintf("%s %s %v", r.Method, r.RequestURI, r.Header)
+		mu.Lock()
+		seen = append(seen, dump)
+		mu.Unlock()
+		key := r.Header.Get("X-Api-Key")
+		w.Header().Set("X-Echo", "key="+key)
+		if r.URL.Query().Get("gzip") == "1" {
+			w.Header().Set("Content-Encoding", "gzip")
+			zw := gzip.NewWriter(w)
+			fmt.Fprintf(zw, "you sent %s and %s", key, r.Header.Get("Authorization"))
+			zw.Close()
+			return
+		}
+		fmt.Fprintf(w, "you sent %s and %s", key, r.Header.Get("Authorization"))
+	}))
+	ph := transforms.PlaceholderPrefix + "CANARY_KEY"
+	for _, q := range []string{"", "?gzip=1"} {
+		req, _ := http.NewRequest("POST", e.routeURL("api.example.com/v1/messages"+q), strings.NewReader("{}"))
+		req.Header.Set("X-Api-Key", ph)
+		req.Header.Set("Authorization", "Bearer "+ph)
+		req.Header.Set("Accept-Encoding", "gzip, br")
+		resp, err := e.routeClient().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b := body(t, resp)
+		if want := "you sent " + ph + " and Bearer " + ph; b != want {
+			t.Errorf("%s: sandbox got body %q, want %q", q, b, want)
+		}
+		if h := resp.Header.Get("X-Echo"); h != "key="+ph {
+			t.Errorf("%s: sandbox got X-Echo %q, want the placeholder", q, h)
+		}
+	}
+	mu.Lock()
+	seenCopy := append([]string(nil), seen...)
+	mu.Unlock()
+	for _, s := range seenCopy {
+		if !strings.Contains(s, "X-Api-Key:["+canary+"]") || !strings.Contains(s, "Bearer "+canary) {
+			t.Errorf("upstream did not receive the secret: %s", s)
+		}
+		if strings.Contains(s, ph) {
+			t.Errorf("the placeholder reached the upstream: %s", s)
+		}
+		if strings.Contains(s, "br") {
+			t.Errorf("Accept-Encoding br reached the upstream though the response must be scrubbed: %s", s)
+		}
+	}
+	ev := e.event(1)
+	if len(ev.Transforms) != 1 || !strings.Contains(ev.Transforms[0], "api.example.com") {
+		t.Errorf("event transforms = %v", ev.Transforms)
+	}
+	// Not matching the rule's path: nothing swapped.
+	req, _ := http.NewRequest("GET", e.routeURL("api.example.com/other"), nil)
+	req.Header.Set("X-Api-Key", ph)
+	resp, err := e.routeClient().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := body(t, resp); !strings.Contains(b, "you sent "+ph) {
+		t.Errorf("a request outside the rule got %q", b)
+	}
+}
+
+func TestRouteRefusals(t *testing.T) {
+	e := newEnv(t, `{"mode":"custom","allowedHosts":["api.example.com","nx.example.com"]}`, "")
+	e.upstream("api.example.com", http.HandlerFunc(hello))
+	tests := []struct {
+		name, req string
+		status    int
+		reason    string
+	}{
+		{"denied host", "GET /https/evil.example.com/x HTTP/1.1\r\nHost: p\r\n\r\n", 403, "no allowedHosts rule matches evil.example.com"},
+		{"port", "GET /https/api.example.com:8443/x HTTP/1.1\r\nHost: p\r\n\r\n", 403, "port 8443 is not allowed: HTTPS (443) only"},
+		{"dns failure", "GET /https/nx.example.com/x HTTP/1.1\r\nHost: p\r\n\r\n", 502, "lookup nx.example.com"},
+		{"plain http", "GET http://api.example.com/ HTTP/1.1\r\nHost: api.example.com\r\n\r\n", 403, "plain http:// is refused"},
+		{"absolute https", "GET https://api.example.com/ HTTP/1.1\r\nHost: api.example.com\r\n\r\n", 400, "CONNECT host:443"},
+		{"unknown route", "GET /v1/messages HTTP/1.1\r\nHost: p\r\n\r\n", 404, "/https/<host>/<path>"},
+		{"no host", "GET /https/ HTTP/1.1\r\nHost: p\r\n\r\n", 400, "names no host"},
+		{"smuggling", "POST /https/api.example.com/x HTTP/1.1\r\nHost: p\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 400, "both Content-Length and Transfer-Encoding"},
+		{"smuggling spelled oddly", "POST /https/api.example.com/x HTTP/1.1\r\nHost: p\r\ncontent-length: 3\r\nTRANSFER-ENCODING: chunked\r\n\r\n0\r\n\r\n", 400, "both Content-Length"},
+		{"loopback literal", "GET /https/127.0.0.1/x HTTP/1.1\r\nHost: p\r\n\r\n", 403, "loopback"},
+		{"metadata literal", "GET /https/169.254.169.254/latest/meta-data HTTP/1.1\r\nHost: p\r\n\r\n", 403, "metadata"},
+		{"percent host", "GET /https/api.example.com%2eevil.com/x HTTP/1.1\r\nHost: p\r\n\r\n", 403, "percent"},
+		{"userinfo host", "GET /https/x@api.example.com/x HTTP/1.1\r\nHost: p\r\n\r\n", 403, "userinfo"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			resp := e.raw(tt.req)
+			b := body(t, resp)
+			if resp.StatusCode != tt.status || !strings.Contains(b, tt.reason) || !strings.Contains(resp.Header.Get("X-Sandgate-Error"), tt.reason) {
+				t.Errorf("got %d %q (X-Sandgate-Error %q), want %d with %q", resp.StatusCode, b, resp.Header.Get("X-Sandgate-Error"), tt.status, tt.reason)
+			}
+		})
+	}
+}
+
+func TestLimits(t *testing.T) {
+	t.Run("header size", func(t *testing.T) {
+		e := newEnv(t, `{"mode":"allow-all"}`, "", func(c *Config) { c.MaxHeaderBytes = 4096 })
+		resp := e.raw("GET /https/api.example.com/ HTTP/1.1\r\nX-Big: " + strings.Repeat("a", 5000) + "\r\n\r\n")
+		body(t, resp)
+		if resp.StatusCode != 429 || resp.Header.Get("Retry-After") == "" {
+			t.Errorf("got %d Retry-After %q, want 429 with Retry-After", resp.StatusCode, resp.Header.Get("Retry-After"))
+		}
+	})
+	t.Run("connections per sandbox", func(t *testing.T) {
+		e := newEnv(t, `{"mode":"custom","allowedHosts":["api.example.com"]}`, "", func(c *Config) { c.MaxConns = 1 })
+		e.upstream("api.example.com", http.HandlerFunc(hello))
+		c, err := net.Dial("tcp", e.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		io.WriteString(c, "CONNECT api.example.com:443 HTTP/1.1\r\n\r\n")
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil || resp.StatusCode != 200 {
+			t.Fatalf("first tunnel: %v %v", resp, err)
+		}
+		resp = e.raw("CONNECT api.example.com:443 HTTP/1.1\r\n\r\n")
+		if b := body(t, resp); resp.StatusCode != 429 || resp.Header.Get("Retry-After") != "1" || !strings.Contains(b, "already has 1 connections open") {
+			t.Errorf("second tunnel: %d %q", resp.StatusCode, b)
+		}
+	})
+	t.Run("header timeout", func(t *testing.T) {
+		e := newEnv(t, `{"mode":"allow-all"}`, "", func(c *Config) { c.HeaderTimeout = 200 * time.Millisecond })
+		resp := e.raw("GET /https/api.example.com/ HTTP/1.1\r\n") // never finished
+		body(t, resp)
+		if resp.StatusCode != 429 || resp.Header.Get("Retry-After") == "" {
+			t.Errorf("got %d, want 429 with Retry-After", resp.StatusCode)
+		}
+	})
+	t.Run("idle tunnel", func(t *testing.T) {
+		e := newEnv(t, `{"mode":"custom","allowedHosts":["api.example.com"]}`, "", func(c *Config) { c.IdleTimeout = 200 * time.Millisecond })
+		e.upstream("api.example.com", http.HandlerFunc(hello))
+		c, err := net.Dial("tcp", e.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(20 * time.Second))
+		io.WriteString(c, "CONNECT api.example.com:443 HTTP/1.1\r\n\r\n")
+		br := bufio.NewReader(c)
+		if resp, err := http.ReadResponse(br, nil); err != nil || resp.StatusCode != 200 {
+			t.Fatalf("tunnel: %v %v", resp, err)
+		}
+		if _, err := br.ReadByte(); err != io.EOF {
+			t.Errorf("idle tunnel read = %v, want EOF when the proxy closes it", err)
+		}
+		if ev := e.event(1); !strings.Contains(ev.Error, "idle") {
+			t.Errorf("event error = %q, want it to say idle", ev.Error)
+		}
+	})
+}
+
+func TestUpstreamTimeout(t *testing.T) {
+	e := newEnv(t, `{"mode":"custom","allowedHosts":["slow.example.com"]}`, "", func(c *Config) { c.ResponseHeaderTimeout = 200 * time.Millisecond })
+	release := make(chan struct{})
+	defer close(release)
+	e.upstream("slow.example.com", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	resp, err := e.routeClient().Get(e.routeURL("slow.example.com/"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := body(t, resp); resp.StatusCode != 504 {
+		t.Errorf("got %d %q, want 504", resp.StatusCode, b)
+	}
+}
+
+// TestRebindingThroughProxy: a name that first answers the (exempted)
+// upstream and then a private address is judged again on the second
+// request, and refused.
+func TestRebindingThroughProxy(t *testing.T) {
+	e := newEnv(t, `{"mode":"custom","allowedHosts":["rebind.example.com"]}`, "")
+	srv := e.upstream("rebind.example.com", http.HandlerFunc(hello))
+	e.dns.SetTTL("rebind.example.com", 0)
+	e.dns.SetSequence("rebind.example.com", []netip.Addr{tlstest.Addr(srv)}, []netip.Addr{netip.MustParseAddr("10.0.0.5")})
+	resp, err := e.routeClient().Get(e.routeURL("rebind.example.com/1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := body(t, resp); resp.StatusCode != 200 {
+		t.Fatalf("first request: %d %q", resp.StatusCode, b)
+	}
+	resp, err = e.routeClient().Get(e.routeURL("rebind.example.com/2"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := body(t, resp); resp.StatusCode != 403 || !strings.Contains(b, "rebind.example.com resolves only to private addresses (10.0.0.5)") {
+		t.Errorf("second request: %d %q", resp.StatusCode, b)
+	}
+}
+
+func TestUntrustedUpstreamCertificate(t *testing.T) {
+	e := newEnv(t, `{"mode":"custom","allowedHosts":["api.example.com"]}`, "")
+	other := tlstest.MustCA(t)
+	srv := other.Server(t, http.HandlerFunc(hello), "api.example.com")
+	a := tlstest.Addr(srv)
+	e.dns.Set("api.example.com", a)
+	e.decider.AllowPrivate = []netip.Prefix{netip.PrefixFrom(a, 32)}
+	resp, err := e.routeClient().Get(e.routeURL("api.example.com/"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := body(t, resp); resp.StatusCode != 502 || !strings.Contains(b, "certificate") {
+		t.Errorf("got %d %q, want 502 naming the certificate", resp.StatusCode, b)
+	}
+}

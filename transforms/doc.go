@@ -1,0 +1,26 @@
+// Package transforms rewrites requests on their way out of a sandbox and
+// scrubs the responses on their way back in.
+//
+// It provides the request-transformation rules of the AI SDK harness (a
+// match on host, path, method, query string and headers, and a transform
+// that overwrites headers), the swap of placeholders for secrets, and the
+// scrubbing of those secrets from responses (secret → placeholder), including
+// gzip- and zstd-encoded bodies, streaming and without holding back more
+// than a secret's length needs.
+//
+// A secret is a [Secret]: it prints, logs and marshals as "[REDACTED]" and
+// nothing outside this package can read it back. The only places its value
+// goes are the outbound request headers built by [RuleSet.Apply] and the
+// comparisons made by the scrubbers.
+//
+// The usual flow in the proxy:
+//
+//	rules, err := transforms.LoadRulesFile(path, os.LookupEnv)
+//	set := transforms.NewRuleSet(rules...)
+//	...
+//	applied := set.Apply(out)          // out is the outbound *http.Request
+//	resp, err := transport.RoundTrip(out)
+//	if err := applied.ScrubResponse(resp); err != nil { /* close body, answer 502 */ }
+//
+// See README.md for the rule format and the scrubbing semantics.
+package transforms

@@ -1,0 +1,199 @@
+package transforms
+
+import (
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+)
+
+// RuleSet is the live list of rules the proxy applies. It is safe for
+// concurrent use: Set and Add swap in a new immutable list atomically, so an
+// Apply sees the old list or the new one, never a mix. The zero RuleSet is
+// empty and ready to use; a nil *RuleSet is not.
+type RuleSet struct {
+	mu  sync.Mutex // serialises writers; readers never take it
+	cur atomic.Pointer[ruleList]
+}
+
+// ruleList is one immutable generation of a RuleSet.
+type ruleList struct {
+	rules []Rule
+	names []string // audit names, by position in the set
+}
+
+func newRuleList(rules []Rule) *ruleList {
+	l := &ruleList{rules: rules, names: make([]string, len(rules))}
+	for i, r := range rules {
+		l.names[i] = fmt.Sprintf("rule[%d] %s", i, r.host.pattern)
+	}
+	return l
+}
+
+// NewRuleSet returns a set holding rules, in order.
+func NewRuleSet(rules ...Rule) *RuleSet {
+	s := &RuleSet{}
+	s.cur.Store(newRuleList(slices.Clone(rules)))
+	return s
+}
+
+// Set replaces every rule with rules (none empties the set).
+func (s *RuleSet) Set(rules ...Rule) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.cur.Store(newRuleList(slices.Clone(rules)))
+}
+
+// Add appends rules after the current ones.
+func (s *RuleSet) Add(rules ...Rule) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var old []Rule
+	if l := s.cur.Load(); l != nil {
+		old = l.rules
+	}
+	s.cur.Store(newRuleList(slices.Concat(old, rules)))
+}
+
+// Rules returns a copy of the current rules, in order.
+func (s *RuleSet) Rules() []Rule {
+	if l := s.cur.Load(); l != nil {
+		return slices.Clone(l.rules)
+	}
+	return nil
+}
+
+// Len returns the number of rules.
+func (s *RuleSet) Len() int {
+	if l := s.cur.Load(); l != nil {
+		return len(l.rules)
+	}
+	return 0
+}
+
+// Applied says what [RuleSet.Apply] did to a request. It holds no secret
+// value: Rules are names for the audit event and Secrets print as
+// [Redacted].
+type Applied struct {
+	// Rules names the rules that matched, in order, as "rule[i] host" where
+	// i is the rule's position in the set.
+	Rules []string
+	// Secrets are the distinct secrets swapped into the request. When it is
+	// non-empty the response must go through ScrubResponse before it
+	// reaches the sandbox.
+	Secrets []*Secret
+}
+
+// ScrubResponse scrubs resp of a.Secrets; see [ScrubResponse].
+func (a Applied) ScrubResponse(resp *http.Response) error {
+	return ScrubResponse(resp, a.Secrets)
+}
+
+// Apply matches out against every rule and, for each rule that matches, in
+// order, sets the headers of its transform (a later rule overwrites an
+// earlier one). out is the outbound request the proxy is about to send,
+// after hop-by-hop headers were stripped; its host is taken from out.URL
+// (or out.Host), its path as sent on the wire. Every rule is matched against
+// the request as it came in, before any rule rewrote it.
+//
+// Then, for the matching rules' secrets, every request header value that
+// contains a secret's placeholder has it replaced by the secret (so
+// "Authorization: Bearer sandgate-placeholder-KEY" works), and, when any
+// secret went in, Accept-Encoding is restricted to codings the response
+// scrubber can decode (see [RestrictAcceptEncoding]). Header value slices
+// are replaced, never written in place, so a request cloned from the
+// sandbox's keeps its values. The body and URL are never rewritten.
+func (s *RuleSet) Apply(out *http.Request) Applied {
+	l := s.cur.Load()
+	if l == nil || len(l.rules) == 0 || out == nil {
+		return Applied{}
+	}
+	v := newRequestView(out)
+	var matched []int
+	for i := range l.rules {
+		if l.rules[i].matches(v) {
+			matched = append(matched, i)
+		}
+	}
+	if len(matched) == 0 {
+		return Applied{}
+	}
+	if out.Header == nil {
+		out.Header = make(http.Header)
+	}
+	var a Applied
+	for _, i := range matched {
+		r := &l.rules[i]
+		a.Rules = append(a.Rules, l.names[i])
+		for _, h := range r.set {
+			out.Header[h.name] = []string{h.value()}
+		}
+		for _, sec := range r.secrets {
+			if !slices.Contains(a.Secrets, sec) {
+				a.Secrets = append(a.Secrets, sec)
+			}
+		}
+	}
+	if len(a.Secrets) > 0 {
+		swapPlaceholders(out.Header, a.Secrets)
+		RestrictAcceptEncoding(out.Header)
+	}
+	return a
+}
+
+// swapPlaceholders replaces each secret's placeholder by its value in every
+// header value.
+func swapPlaceholders(h http.Header, secrets []*Secret) {
+	for k, vs := range h {
+		var nv []string
+		for i, v := range vs {
+			w := v
+			for _, s := range secrets {
+				if strings.Contains(w, s.placeholder) {
+					w = strings.ReplaceAll(w, s.placeholder, s.reveal())
+				}
+			}
+			if w != v {
+				if nv == nil {
+					nv = slices.Clone(vs)
+				}
+				nv[i] = w
+			}
+		}
+		if nv != nil {
+			h[k] = nv
+		}
+	}
+}
+
+// RestrictAcceptEncoding rewrites h's Accept-Encoding to keep only the
+// codings [ScrubResponse] can decode (gzip, x-gzip, zstd, identity), with
+// their q-values; "*" and anything else is dropped. When nothing is left it
+// sets "identity", because a request without Accept-Encoding accepts any
+// coding. Apply calls it whenever it swaps in a secret, so that an agent
+// asking for "br" gets a scrubbable response instead of a 502.
+func RestrictAcceptEncoding(h http.Header) {
+	vs := h.Values("Accept-Encoding")
+	if len(vs) == 0 {
+		h.Set("Accept-Encoding", "identity")
+		return
+	}
+	var keep []string
+	for _, v := range vs {
+		for part := range strings.SplitSeq(v, ",") {
+			part = strings.TrimSpace(part)
+			coding, _, _ := strings.Cut(part, ";")
+			switch strings.ToLower(strings.TrimSpace(coding)) {
+			case "gzip", "x-gzip", "zstd", "identity":
+				keep = append(keep, part)
+			}
+		}
+	}
+	if len(keep) == 0 {
+		h.Set("Accept-Encoding", "identity")
+		return
+	}
+	h.Set("Accept-Encoding", strings.Join(keep, ", "))
+}

@@ -1,0 +1,188 @@
+package transforms
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+)
+
+func TestApplyOverwritesAndSwaps(t *testing.T) {
+	rules, err := ParseRules([]byte(`[
+	 {"match":{"host":"api.example.com"},"transform":{"headers":{"x-api-key":{"env":"CANARY"},"X-Lit":"one"}}},
+	 {"match":{"host":"api.example.com","method":["POST"]},"transform":{"headers":{"x-lit":"two"}}},
+	 {"match":{"host":"other.example.com"},"transform":{"headers":{"x-other":{"env":"OTHER_KEY"}}}}]`),
+		func(n string) (string, bool) {
+			if n == "OTHER_KEY" {
+				return "other-secret-value", true
+			}
+			return canaryEnv(n)
+		})
+	if err != nil {
+		t.Fatal(err)
+	}
+	set := NewRuleSet(rules...)
+	req := newReq(t, "POST", "https://api.example.com/v1",
+		"X-Api-Key", "sandbox-value", "X-Api-Key", "second",
+		"Authorization", "Bearer sandgate-placeholder-CANARY",
+		"X-Both", "sandgate-placeholder-CANARY/sandgate-placeholder-CANARY",
+		"X-Foreign", "sandgate-placeholder-OTHER_KEY",
+		"Accept-Encoding", "gzip, deflate, br, zstd;q=0.5, *")
+	in := req.Header.Clone()
+	shared := req.Header["Authorization"] // as if cloned shallowly from the sandbox's request
+	a := set.Apply(req)
+
+	for _, c := range []struct{ name, want string }{
+		{"X-Api-Key", canary},
+		{"X-Lit", "two"},
+		{"Authorization", "Bearer " + canary},
+		{"X-Both", canary + "/" + canary},
+		{"X-Foreign", "sandgate-placeholder-OTHER_KEY"}, // its rule did not match
+		{"Accept-Encoding", "gzip, zstd;q=0.5"},
+		{"X-Other", ""},
+	} {
+		if got := strings.Join(req.Header.Values(c.name), "|"); got != c.want {
+			t.Errorf("%s: got %q, want %q", c.name, got, c.want)
+		}
+	}
+	if got, want := strings.Join(a.Rules, "; "), "rule[0] api.example.com; rule[1] api.example.com"; got != want {
+		t.Errorf("applied: got %q, want %q", got, want)
+	}
+	if len(a.Secrets) != 1 || a.Secrets[0].Name() != "CANARY" {
+		t.Errorf("secrets: got %v, want CANARY only", a.Secrets)
+	}
+	if shared[0] != in.Get("Authorization") {
+		t.Errorf("the original header slice was written in place: got %q", shared[0])
+	}
+}
+
+func TestApplyMatchesRequestAsSent(t *testing.T) {
+	// Rule 1 matches on a header rule 0 sets: it must not see rule 0's edit.
+	rules, err := ParseRules([]byte(`[
+	 {"match":{"host":"h.example"},"transform":{"headers":{"x-a":"set"}}},
+	 {"match":{"host":"h.example","headers":[{"key":{"exact":"x-a"}}]},"transform":{"headers":{"x-b":"set"}}}]`), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := newReq(t, "GET", "https://h.example/")
+	a := NewRuleSet(rules...).Apply(req)
+	if got := req.Header.Get("X-B"); got != "" || len(a.Rules) != 1 {
+		t.Errorf("got X-B %q and rules %q, want only rule 0 applied", got, a.Rules)
+	}
+	if len(a.Secrets) != 0 || req.Header.Get("Accept-Encoding") != "" {
+		t.Errorf("no secret went in, yet got secrets %v and Accept-Encoding %q", a.Secrets, req.Header.Get("Accept-Encoding"))
+	}
+}
+
+func TestApplyNoMatchChangesNothing(t *testing.T) {
+	rules, err := ParseRules([]byte(`[{"match":{"host":"h.example"},"transform":{"headers":{"x":{"env":"CANARY"}}}}]`), canaryEnv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := newReq(t, "GET", "https://elsewhere.example/", "Authorization", "Bearer sandgate-placeholder-CANARY")
+	before := req.Header.Clone()
+	a := NewRuleSet(rules...).Apply(req)
+	if len(a.Rules) != 0 || len(a.Secrets) != 0 || fmt.Sprint(req.Header) != fmt.Sprint(before) {
+		t.Errorf("got %v, headers %v; want nothing applied", a, req.Header)
+	}
+	var zero RuleSet
+	if a := zero.Apply(req); len(a.Rules) != 0 {
+		t.Errorf("zero RuleSet applied %v", a.Rules)
+	}
+}
+
+func TestRestrictAcceptEncoding(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"", "identity"},
+		{"br", "identity"},
+		{"*", "identity"},
+		{"gzip", "gzip"},
+		{"GZip;q=1.0, br;q=0.9, ZSTD", "GZip;q=1.0, ZSTD"},
+		{"x-gzip, deflate, identity;q=0.1", "x-gzip, identity;q=0.1"},
+	} {
+		h := http.Header{}
+		if tc.in != "" {
+			h.Set("Accept-Encoding", tc.in)
+		}
+		RestrictAcceptEncoding(h)
+		if got := h.Get("Accept-Encoding"); got != tc.want {
+			t.Errorf("%q: got %q, want %q", tc.in, got, tc.want)
+		}
+	}
+}
+
+// TestRuleSetConcurrent runs Set and Add against readers: every Apply must
+// see one whole generation. Each generation g holds rules that all set
+// X-Gen to g; a mix would show as two values or a missing one.
+func TestRuleSetConcurrent(t *testing.T) {
+	gen := func(g, n int) []Rule {
+		var b strings.Builder
+		b.WriteString("[")
+		for i := range n {
+			if i > 0 {
+				b.WriteString(",")
+			}
+			fmt.Fprintf(&b, `{"match":{"host":"h.example"},"transform":{"headers":{"x-gen":"%d","x-%d":"%d"}}}`, g, i, g)
+		}
+		b.WriteString("]")
+		rules, err := ParseRules([]byte(b.String()), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rules
+	}
+	const gens = 50
+	set := NewRuleSet(gen(0, 4)...)
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	errs := make(chan error, 8)
+	for range 4 {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				req := newReq(t, "GET", "https://h.example/")
+				a := set.Apply(req)
+				g := req.Header.Get("X-Gen")
+				n := len(a.Rules)
+				if n == 0 || n%4 != 0 {
+					errs <- fmt.Errorf("saw %d rules, want a multiple of 4", n)
+					return
+				}
+				for i := range 4 {
+					if got := req.Header.Get(fmt.Sprintf("X-%d", i)); got != g {
+						errs <- fmt.Errorf("X-%d = %q but X-Gen = %q: a mixed generation", i, got, g)
+						return
+					}
+				}
+			}
+		})
+	}
+	for g := 1; g <= gens; g++ {
+		if g%2 == 0 {
+			set.Add(gen(g, 4)...) // appended rules overwrite every header: still one generation
+		} else {
+			set.Set(gen(g, 4)...)
+		}
+	}
+	close(stop)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if got := set.Len(); got != 8 {
+		t.Errorf("Len: got %d, want 8 (Set then Add of 4)", got)
+	}
+	if got := len(set.Rules()); got != 8 {
+		t.Errorf("Rules: got %d, want 8", got)
+	}
+	set.Set()
+	if got := set.Len(); got != 0 {
+		t.Errorf("after Set(): got %d rules, want 0", got)
+	}
+}
