@@ -1,0 +1,105 @@
+package audit
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/sandgate/sandgate/internal/cloudlog"
+)
+
+func TestRingsKeepNewestInOrder(t *testing.T) {
+	r := NewRings(3)
+	for i := range 5 {
+		r.Record(Event{Sandbox: "a", Path: fmt.Sprint(i)})
+	}
+	r.Record(Event{Sandbox: "b", Path: "x"})
+	var got []string
+	for _, e := range r.Events("a") {
+		got = append(got, e.Path)
+	}
+	if strings.Join(got, ",") != "2,3,4" {
+		t.Errorf("got %v, want the newest three oldest first: 2,3,4", got)
+	}
+	if evs := r.Events("b"); len(evs) != 1 || evs[0].Path != "x" {
+		t.Errorf("sandbox b events = %v", evs)
+	}
+	r.Forget("a")
+	if evs := r.Events("a"); evs != nil {
+		t.Errorf("forgotten sandbox still has %v", evs)
+	}
+	if evs := NewRings(2).Events("none"); evs != nil {
+		t.Errorf("unknown sandbox has %v", evs)
+	}
+}
+
+func TestLoggerLine(t *testing.T) {
+	var buf bytes.Buffer
+	Logger{L: cloudlog.New(&buf, nil)}.Record(Event{
+		Time: time.Now(), Sandbox: "sb1", Kind: Route, Host: "api.example.com", Port: 443, Method: "POST",
+		Path: "/v1/messages", Allow: true, Code: "allowed_host", Reason: "matched", Rule: "allowedHosts:api.example.com",
+		Addr: "1.2.3.4:443", Status: 200, BytesIn: 10, BytesOut: 20, Duration: 3 * time.Millisecond,
+		DNSTime: time.Millisecond, Transforms: []string{"rule[0] api.example.com"},
+	})
+	var m map[string]any
+	if err := json.Unmarshal(buf.Bytes(), &m); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]any{"message": "egress", "severity": "INFO", "sandbox": "sb1", "kind": "route", "decision": "allow",
+		"code": "allowed_host", "host": "api.example.com", "port": 443.0, "method": "POST", "path": "/v1/messages",
+		"rule": "allowedHosts:api.example.com", "addr": "1.2.3.4:443", "status": 200.0, "bytes_in": 10.0, "bytes_out": 20.0,
+		"duration_ms": 3.0, "dns_ms": 1.0}
+	for k, v := range want {
+		if m[k] != v {
+			t.Errorf("%s = %v, want %v", k, m[k], v)
+		}
+	}
+	buf.Reset()
+	Logger{L: cloudlog.New(&buf, nil)}.Record(Event{Sandbox: "sb1", Kind: Connect, Code: "no_rule", Reason: "no"})
+	if !strings.Contains(buf.String(), `"severity":"WARNING"`) || !strings.Contains(buf.String(), `"decision":"deny"`) {
+		t.Errorf("a denial is logged as %s", buf.String())
+	}
+}
+
+func TestMetrics(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m := NewMetrics(reg)
+	m.Record(Event{Kind: Connect, Allow: true, Code: "allowed_host", BytesIn: 5, BytesOut: 7, DNSTime: time.Millisecond})
+	m.Record(Event{Kind: Route, Allow: false, Code: "no_rule"})
+	m.TunnelOpened()
+	if got := value(t, m.decisions.WithLabelValues("allow", "allowed_host", "connect")); got != 1 {
+		t.Errorf("allow decisions = %v", got)
+	}
+	if got := value(t, m.decisions.WithLabelValues("deny", "no_rule", "route")); got != 1 {
+		t.Errorf("deny decisions = %v", got)
+	}
+	if got := value(t, m.tunnelBytes.WithLabelValues("out")); got != 7 {
+		t.Errorf("tunnel bytes out = %v", got)
+	}
+	if got := value(t, m.activeTunnels); got != 1 {
+		t.Errorf("active tunnels = %v", got)
+	}
+	m.TunnelClosed()
+	if got := value(t, m.activeTunnels); got != 0 {
+		t.Errorf("active tunnels after close = %v", got)
+	}
+}
+
+// value reads a counter's or gauge's current value.
+func value(t *testing.T, c prometheus.Metric) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	if m.Counter != nil {
+		return m.Counter.GetValue()
+	}
+	return m.Gauge.GetValue()
+}
