@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/sandgate/sandgate/netpolicy"
@@ -118,3 +119,5 @@ func headerSafe(s string) string {
 	}
 	return b.String()
 }
+
+var errConnReset = syscall.ECONNRESET

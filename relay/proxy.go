@@ -8,13 +8,10 @@ package relay
 
 import (
 	"context"
-	"crypto/tls"
 	"crypto/x509"
 	"errors"
-	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -106,8 +103,8 @@ type Sandbox struct {
 	transforms *transforms.RuleSet
 	open       atomic.Int64
 
-	tmu       sync.Mutex
-	transport *http.Transport
+	tmu  sync.Mutex
+	pool *upstreamPool
 }
 
 // NewSandbox returns the identity for sandbox id with a network policy and
@@ -132,8 +129,8 @@ func (s *Sandbox) Policy() netpolicy.Policy { return *s.policy.Load() }
 func (s *Sandbox) SetPolicy(p netpolicy.Policy) {
 	s.policy.Store(&p)
 	s.tmu.Lock()
-	if s.transport != nil {
-		s.transport.CloseIdleConnections()
+	if s.pool != nil {
+		s.pool.closeIdle()
 	}
 	s.tmu.Unlock()
 }
@@ -144,43 +141,22 @@ func (s *Sandbox) Transforms() *transforms.RuleSet { return s.transforms }
 // Close releases the sandbox's kept-alive upstream connections.
 func (s *Sandbox) Close() {
 	s.tmu.Lock()
-	if s.transport != nil {
-		s.transport.CloseIdleConnections()
+	if s.pool != nil {
+		s.pool.closeIdle()
 	}
 	s.tmu.Unlock()
 }
 
-// decisionKey carries a route's decision to the transport's dialer.
-type decisionKey struct{}
-
-// upstream returns the sandbox's own HTTPS transport. Each sandbox has its
-// own, so a connection dialed under one sandbox's policy is never reused
-// for another's request.
-func (s *Sandbox) upstream(p *Proxy) *http.Transport {
+// upstream returns the sandbox's own pool of upstream connections. Each
+// sandbox has its own, so a connection dialed under one sandbox's policy is
+// never reused for another's request.
+func (s *Sandbox) upstream(p *Proxy) *upstreamPool {
 	s.tmu.Lock()
 	defer s.tmu.Unlock()
-	if s.transport == nil {
-		s.transport = &http.Transport{
-			Proxy: nil, // never the environment's proxy
-			DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-				dec, ok := ctx.Value(decisionKey{}).(*netpolicy.Decision)
-				if !ok {
-					return nil, fmt.Errorf("relay: dial %s without a decision", addr)
-				}
-				return p.cfg.Decider.Dial(ctx, dec)
-			},
-			TLSClientConfig:        &tls.Config{RootCAs: p.cfg.UpstreamRoots, MinVersion: tls.VersionTLS12},
-			ForceAttemptHTTP2:      true,
-			DisableCompression:     true,
-			MaxIdleConnsPerHost:    64,
-			IdleConnTimeout:        90 * time.Second,
-			TLSHandshakeTimeout:    15 * time.Second,
-			ResponseHeaderTimeout:  p.cfg.ResponseHeaderTimeout,
-			ExpectContinueTimeout:  time.Second,
-			MaxResponseHeaderBytes: 1 << 20,
-		}
+	if s.pool == nil {
+		s.pool = newUpstreamPool(p)
 	}
-	return s.transport
+	return s.pool
 }
 
 // Serve accepts connections on ln and serves each as sandbox sb until ctx

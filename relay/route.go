@@ -3,11 +3,10 @@ package relay
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptrace"
+	"net/netip"
 	"net/url"
 	"strconv"
 	"strings"
@@ -65,25 +64,15 @@ func (cc *clientConn) forward(ctx context.Context, req *http.Request, t target, 
 	applied := cc.sb.transforms.Apply(out)
 	ev.Transforms = applied.Rules
 
-	var gotAddr atomic.Value
-	trace := &httptrace.ClientTrace{GotConn: func(info httptrace.GotConnInfo) {
-		gotAddr.Store(info.Conn.RemoteAddr().String())
-	}}
-	out = out.WithContext(httptrace.WithClientTrace(context.WithValue(out.Context(), decisionKey{}, &dec), trace))
-
 	if strings.EqualFold(req.Header.Get("Expect"), "100-continue") && req.ContentLength != 0 {
 		io.WriteString(cc.bw, "HTTP/1.1 100 Continue\r\n\r\n")
 		cc.bw.Flush()
 	}
-	resp, err := cc.sb.upstream(cc.p).RoundTrip(out)
-	if a, ok := gotAddr.Load().(string); ok {
-		ev.Addr = a
+	resp, addr, err := cc.sb.upstream(cc.p).roundTrip(ctx, out, dec.Host.String(), &dec)
+	if addr.IsValid() {
+		ev.Addr = netip.AddrPortFrom(addr, netpolicy.HTTPSPort).String()
 	}
 	if err != nil {
-		var ue *url.Error
-		if errors.As(err, &ue) {
-			err = ue.Err // its message repeats the URL, query included
-		}
 		return false, err
 	}
 	defer resp.Body.Close()

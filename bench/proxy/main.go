@@ -16,7 +16,9 @@ import (
 	"bufio"
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
+	"encoding/pem"
 	"flag"
 	"fmt"
 	"io"
@@ -46,8 +48,15 @@ func main() {
 	dur := flag.Duration("duration", 5*time.Second, "duration of each request-rate run")
 	conc := flag.Int("concurrency", 8, "concurrent clients in the request-rate runs")
 	lat := flag.Int("latency-requests", 3000, "sequential requests per latency run")
+	serve := flag.String("serve-upstream", "", "internal: serve the upstream with the PEM cert+key in this file and print its address")
 	flag.Parse()
 	log.SetFlags(0)
+	if *serve != "" {
+		if err := serveUpstream(*serve); err != nil {
+			log.Fatal("upstream: ", err)
+		}
+		return
+	}
 	if err := run(*bin, *bulk, *dur, *conc, *lat); err != nil {
 		log.Fatal("bench: ", err)
 	}
@@ -65,6 +74,8 @@ func run(bin string, bulk int64, dur time.Duration, conc, latN int) error {
 			return fmt.Errorf("go build: %v\n%s", err, out)
 		}
 	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
 	dns, err := dnstest.New()
 	if err != nil {
 		return err
@@ -74,11 +85,13 @@ func run(bin string, bulk int64, dur time.Duration, conc, latN int) error {
 	if err != nil {
 		return err
 	}
-	up, upAddr, err := startUpstream(ca)
+	// The upstream runs in a process of its own, as a real API would: both
+	// the direct client and the proxy reach it across processes.
+	upAddr, stopUp, err := startUpstream(ctx, ca, dir)
 	if err != nil {
 		return err
 	}
-	defer up.Close()
+	defer stopUp()
 	dns.Set(host, upAddr)
 	caFile, err := ca.WritePEM(dir)
 	if err != nil {
@@ -93,8 +106,6 @@ func run(bin string, bulk int64, dur time.Duration, conc, latN int) error {
  {"match":{"host":"`+host+`","method":["GET","POST"]},"transform":{"headers":{"x-api-key":{"env":"BENCH_KEY"}}}}
 ]`), 0o600)
 
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
 	cmd := exec.CommandContext(ctx, bin, "proxy", "--listen", "127.0.0.1:0", "--allow", host,
 		"--dns", dns.Addr, "--allow-private", upAddr.String()+"/32", "--upstream-ca", caFile,
 		"--transformations", rules, "--audit-log", filepath.Join(dir, "audit.jsonl"))
@@ -103,7 +114,17 @@ func run(bin string, bulk int64, dur time.Duration, conc, latN int) error {
 	if err != nil {
 		return err
 	}
-	defer cmd.Process.Kill()
+	defer func() {
+		// Stop the proxy the way an operator would, so it shuts down cleanly.
+		cmd.Process.Signal(os.Interrupt)
+		done := make(chan struct{})
+		go func() { cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			cmd.Process.Kill()
+		}
+	}()
 
 	tlsConf := &tls.Config{RootCAs: ca.Pool, ServerName: host}
 	direct := func() *http.Client {
@@ -112,11 +133,11 @@ func run(bin string, bulk int64, dur time.Duration, conc, latN int) error {
 				var d net.Dialer
 				return d.DialContext(ctx, "tcp", netip.AddrPortFrom(upAddr, 443).String())
 			},
-			TLSClientConfig: tlsConf, ForceAttemptHTTP2: false, MaxIdleConnsPerHost: 64, DisableCompression: true,
+			TLSClientConfig: tlsConf.Clone(), MaxIdleConnsPerHost: 64, DisableCompression: true,
 		}}
 	}
 	pu, _ := url.Parse("http://" + proxyAddr)
-	tunnel := &http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(pu), TLSClientConfig: tlsConf, DisableCompression: true}}
+	tunnel := &http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(pu), TLSClientConfig: tlsConf.Clone(), DisableCompression: true}}
 	routeC := &http.Client{Transport: &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 64, DisableCompression: true}}
 	directURL := "https://" + host
 	routeURL := "http://" + proxyAddr + "/https/" + host
@@ -168,14 +189,69 @@ func runtimeCPUs() int {
 
 var payload = make([]byte, 256<<10)
 
-func startUpstream(ca *tlstest.CA) (*http.Server, netip.Addr, error) {
+// startUpstream re-runs this program as the upstream server, in its own
+// process, with a certificate for host from ca.
+func startUpstream(ctx context.Context, ca *tlstest.CA, dir string) (netip.Addr, func(), error) {
 	leaf, err := ca.Leaf(host)
 	if err != nil {
-		return nil, netip.Addr{}, err
+		return netip.Addr{}, nil, err
+	}
+	keyDER, err := x509.MarshalPKCS8PrivateKey(leaf.PrivateKey)
+	if err != nil {
+		return netip.Addr{}, nil, err
+	}
+	pemFile := filepath.Join(dir, "upstream.pem")
+	data := append(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: leaf.Certificate[0]}),
+		pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER})...)
+	if err := os.WriteFile(pemFile, data, 0o600); err != nil {
+		return netip.Addr{}, nil, err
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return netip.Addr{}, nil, err
+	}
+	cmd := exec.CommandContext(ctx, self, "-serve-upstream", pemFile)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return netip.Addr{}, nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return netip.Addr{}, nil, err
+	}
+	stop := func() { cmd.Process.Kill(); cmd.Wait() }
+	line := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		if sc.Scan() {
+			line <- sc.Text()
+		}
+		io.Copy(io.Discard, out)
+	}()
+	select {
+	case l := <-line:
+		a, err := netip.ParseAddr(l)
+		if err != nil {
+			stop()
+			return netip.Addr{}, nil, fmt.Errorf("upstream said %q", l)
+		}
+		return a, stop, nil
+	case <-time.After(30 * time.Second):
+		stop()
+		return netip.Addr{}, nil, fmt.Errorf("upstream did not start within 30s")
+	}
+}
+
+// serveUpstream is the upstream process: small JSON answers on /small and
+// n bytes on /bulk?n=, over HTTP/1.1 and HTTP/2.
+func serveUpstream(pemFile string) error {
+	cert, err := tls.LoadX509KeyPair(pemFile, pemFile)
+	if err != nil {
+		return err
 	}
 	ln, err := tlstest.ListenLoopback443()
 	if err != nil {
-		return nil, netip.Addr{}, err
+		return err
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("/small", func(w http.ResponseWriter, r *http.Request) {
@@ -193,9 +269,9 @@ func startUpstream(ca *tlstest.CA) (*http.Server, netip.Addr, error) {
 			n -= k
 		}
 	})
-	srv := &http.Server{Handler: mux, TLSConfig: &tls.Config{Certificates: []tls.Certificate{leaf}, NextProtos: []string{"http/1.1"}}}
-	go srv.ServeTLS(ln, "", "")
-	return srv, netip.MustParseAddrPort(ln.Addr().String()).Addr(), nil
+	fmt.Println(netip.MustParseAddrPort(ln.Addr().String()).Addr())
+	srv := &http.Server{Handler: mux, TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}}}
+	return srv.ServeTLS(ln, "", "")
 }
 
 // startProxy starts the proxy and returns the address it says it listens on.

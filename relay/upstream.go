@@ -1,0 +1,285 @@
+package relay
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/sandgate/sandgate/netpolicy"
+)
+
+// upstreamPool is a sandbox's HTTP/1.1-over-TLS client for base-URL routes.
+// It is net/http's parser and writer on connections that this package
+// dials and pools itself, for two reasons:
+//
+//   - pinning: a kept-alive connection is reused only when its address is
+//     among the addresses this request's decision checked, so a policy or
+//     DNS change is honoured on the next request, not the next dial;
+//   - latency: the request is written and the response read on the
+//     caller's goroutine, with none of the hand-offs between the reading
+//     and writing goroutines of http.Transport (each a thread wake-up,
+//     which on a small VM costs more than the rest of the proxy).
+type upstreamPool struct {
+	p *Proxy
+
+	mu   sync.Mutex
+	idle map[string][]*upstreamConn // by host (the SNI name)
+	gen  int                        // bumped by closeIdle; older conns are not pooled
+}
+
+// upstreamConn is one TLS connection to an upstream.
+type upstreamConn struct {
+	c      net.Conn // *tls.Conn
+	br     *bufio.Reader
+	bw     *bufio.Writer
+	addr   netip.Addr
+	gen    int
+	used   time.Time // when it went back to the pool
+	reused bool      // taken from the pool: the upstream may have closed it
+}
+
+const (
+	maxIdlePerHost  = 32
+	upstreamIdleTTL = 60 * time.Second
+)
+
+func newUpstreamPool(p *Proxy) *upstreamPool {
+	return &upstreamPool{p: p, idle: make(map[string][]*upstreamConn)}
+}
+
+// closeIdle drops every idle connection (a policy change).
+func (u *upstreamPool) closeIdle() {
+	u.mu.Lock()
+	idle := u.idle
+	u.idle = make(map[string][]*upstreamConn)
+	u.gen++
+	u.mu.Unlock()
+	for _, cs := range idle {
+		for _, c := range cs {
+			c.c.Close()
+		}
+	}
+}
+
+// get returns an idle connection to host whose address dec checked, or nil.
+func (u *upstreamPool) get(host string, dec *netpolicy.Decision) *upstreamConn {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	cs := u.idle[host]
+	now := time.Now()
+	for i := len(cs) - 1; i >= 0; i-- {
+		c := cs[i]
+		if now.Sub(c.used) > upstreamIdleTTL {
+			continue
+		}
+		if slices.Contains(dec.Addrs, c.addr) {
+			u.idle[host] = slices.Delete(cs, i, i+1)
+			c.reused = true
+			return c
+		}
+	}
+	// Stale or no longer allowed: drop them.
+	var keep []*upstreamConn
+	for _, c := range cs {
+		if now.Sub(c.used) > upstreamIdleTTL {
+			c.c.Close()
+		} else {
+			keep = append(keep, c)
+		}
+	}
+	u.idle[host] = keep
+	return nil
+}
+
+func (u *upstreamPool) put(host string, c *upstreamConn) {
+	c.used = time.Now()
+	u.mu.Lock()
+	if c.gen == u.gen && len(u.idle[host]) < maxIdlePerHost {
+		u.idle[host] = append(u.idle[host], c)
+		c = nil
+	}
+	u.mu.Unlock()
+	if c != nil {
+		c.c.Close()
+	}
+}
+
+// dial connects to an address dec checked and completes TLS, verifying the
+// certificate for host.
+func (u *upstreamPool) dial(ctx context.Context, host string, dec *netpolicy.Decision) (*upstreamConn, error) {
+	raw, err := u.p.cfg.Decider.Dial(ctx, dec)
+	if err != nil {
+		return nil, err
+	}
+	tc := tls.Client(raw, &tls.Config{
+		ServerName: host,
+		RootCAs:    u.p.cfg.UpstreamRoots,
+		MinVersion: tls.VersionTLS12,
+		NextProtos: []string{"http/1.1"},
+	})
+	hctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	if err := tc.HandshakeContext(hctx); err != nil {
+		raw.Close()
+		return nil, fmt.Errorf("TLS handshake with %s: %w", host, err)
+	}
+	u.mu.Lock()
+	gen := u.gen
+	u.mu.Unlock()
+	return &upstreamConn{c: tc, br: bufio.NewReaderSize(tc, 16<<10), bw: bufio.NewWriterSize(tc, 16<<10), addr: dec.Addr, gen: gen}, nil
+}
+
+// roundTrip sends out on a pooled or new connection and reads the response
+// headers. The response body, when read to its end, puts the connection
+// back; closed early, it closes the connection. reused says whether the
+// connection came from the pool (a failure before any response byte on a
+// reused connection may be retried on a fresh one by the caller).
+func (u *upstreamPool) roundTrip(ctx context.Context, out *http.Request, host string, dec *netpolicy.Decision) (*http.Response, netip.Addr, error) {
+	if c := u.get(host, dec); c != nil {
+		resp, err := u.exchange(ctx, out, host, c)
+		if err == nil {
+			return resp, c.addr, nil
+		}
+		// A kept-alive connection the upstream had closed: retry once on
+		// a fresh one, but only when nothing of the body was consumed.
+		if !errors.Is(err, errStaleConn) {
+			return nil, c.addr, err
+		}
+	}
+	c, err := u.dial(ctx, host, dec)
+	if err != nil {
+		return nil, dec.Addr, err
+	}
+	resp, err := u.exchange(ctx, out, host, c)
+	return resp, c.addr, err
+}
+
+var errStaleConn = errors.New("kept-alive upstream connection was closed")
+
+func (u *upstreamPool) exchange(ctx context.Context, out *http.Request, host string, c *upstreamConn) (*http.Response, error) {
+	stop := context.AfterFunc(ctx, func() { c.c.SetDeadline(time.Unix(1, 0)) })
+	body := out.Body
+	bodyRead := false
+	if body != nil && body != http.NoBody {
+		out.Body = readTracker{body, &bodyRead}
+	}
+	// fail closes the connection. A reused connection that fails before
+	// the upstream sent a byte and before any of the body was consumed was
+	// closed by the upstream while idle: the caller may retry.
+	fail := func(err error) (*http.Response, error) {
+		stop()
+		c.c.Close()
+		out.Body = body
+		if ctx.Err() != nil {
+			return nil, context.Cause(ctx)
+		}
+		if c.reused && !bodyRead && isStale(err) {
+			return nil, errStaleConn
+		}
+		return nil, err
+	}
+	if err := out.Write(c.bw); err != nil {
+		return fail(err)
+	}
+	if err := c.bw.Flush(); err != nil {
+		return fail(err)
+	}
+	c.c.SetReadDeadline(time.Now().Add(u.p.cfg.ResponseHeaderTimeout))
+	var resp *http.Response
+	for {
+		r, err := http.ReadResponse(c.br, out)
+		if err != nil {
+			return fail(err)
+		}
+		c.reused = false // the upstream answered: no retry from here on
+		if r.StatusCode >= 200 || r.StatusCode == http.StatusSwitchingProtocols {
+			resp = r
+			break
+		}
+		io.Copy(io.Discard, r.Body) // 100 Continue, 103 Early Hints: skip
+	}
+	out.Body = body
+	c.c.SetReadDeadline(time.Time{})
+	if resp.StatusCode == http.StatusSwitchingProtocols {
+		return fail(errors.New("upstream switched protocols; base-URL routes carry HTTP only"))
+	}
+	reusable := !resp.Close && !out.Close
+	resp.Body = &upstreamBody{rc: resp.Body, u: u, host: host, c: c, stop: stop, reusable: reusable}
+	return resp, nil
+}
+
+// isStale reports errors meaning the peer had closed a kept-alive connection.
+func isStale(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) ||
+		errors.Is(err, errConnReset)
+}
+
+// readTracker notes whether any of a body was read (after which a request
+// can no longer be retried).
+type readTracker struct {
+	r    io.ReadCloser
+	read *bool
+}
+
+func (t readTracker) Read(p []byte) (int, error) {
+	n, err := t.r.Read(p)
+	if n > 0 {
+		*t.read = true
+	}
+	return n, err
+}
+
+func (t readTracker) Close() error { return t.r.Close() }
+
+// upstreamBody returns its connection to the pool when read to the end.
+type upstreamBody struct {
+	rc       io.ReadCloser
+	u        *upstreamPool
+	host     string
+	c        *upstreamConn
+	stop     func() bool
+	reusable bool
+	done     bool
+}
+
+func (b *upstreamBody) Read(p []byte) (int, error) {
+	if b.done {
+		return 0, io.EOF
+	}
+	n, err := b.rc.Read(p)
+	if err == io.EOF {
+		b.finish(b.reusable)
+	} else if err != nil {
+		b.finish(false)
+	}
+	return n, err
+}
+
+func (b *upstreamBody) Close() error {
+	b.finish(false)
+	return nil
+}
+
+func (b *upstreamBody) finish(reuse bool) {
+	if b.done {
+		return
+	}
+	b.done = true
+	if !b.stop() {
+		reuse = false // the context ended: the deadline is poisoned
+	}
+	if reuse && b.c.br.Buffered() == 0 {
+		b.u.put(b.host, b.c)
+		return
+	}
+	b.c.c.Close()
+}

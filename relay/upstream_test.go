@@ -1,0 +1,149 @@
+package relay
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sandgate/sandgate/internal/tlstest"
+)
+
+// remoteAddrs records the client addresses an upstream saw.
+type remoteAddrs struct {
+	mu   sync.Mutex
+	seen map[string]int
+}
+
+func (r *remoteAddrs) handler(name string) http.HandlerFunc {
+	return func(w http.ResponseWriter, req *http.Request) {
+		r.mu.Lock()
+		if r.seen == nil {
+			r.seen = map[string]int{}
+		}
+		r.seen[req.RemoteAddr]++
+		r.mu.Unlock()
+		fmt.Fprintf(w, "%s %s", name, req.URL.Path)
+	}
+}
+
+func (r *remoteAddrs) conns() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.seen)
+}
+
+func (e *env) get(t *testing.T, path string) (int, string) {
+	t.Helper()
+	resp, err := e.routeClient().Get(e.routeURL(path))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, body(t, resp)
+}
+
+func TestUpstreamConnectionReuse(t *testing.T) {
+	e := newEnv(t, `{"mode":"custom","allowedHosts":["api.example.com"]}`, "")
+	var ra remoteAddrs
+	srv := e.upstream("api.example.com", ra.handler("a"))
+	for i := range 3 {
+		if code, b := e.get(t, fmt.Sprintf("api.example.com/%d", i)); code != 200 || b != fmt.Sprintf("a /%d", i) {
+			t.Fatalf("request %d: %d %q", i, code, b)
+		}
+	}
+	if n := ra.conns(); n != 1 {
+		t.Errorf("3 sequential requests used %d upstream connections, want 1 kept alive", n)
+	}
+	// The upstream drops its idle connections: the next request retries on
+	// a fresh one instead of failing.
+	srv.CloseClientConnections()
+	if code, b := e.get(t, "api.example.com/after-close"); code != 200 || b != "a /after-close" {
+		t.Errorf("after the upstream closed the kept-alive connection: %d %q", code, b)
+	}
+	// A policy change drops kept-alive connections.
+	before := ra.conns()
+	e.sb.SetPolicy(e.sb.Policy())
+	if code, _ := e.get(t, "api.example.com/after-policy"); code != 200 {
+		t.Fatalf("after SetPolicy: %d", code)
+	}
+	if n := ra.conns(); n != before+1 {
+		t.Errorf("after SetPolicy the request reused a connection dialed under the old policy (%d conns, want %d)", n, before+1)
+	}
+}
+
+// TestUpstreamPoolHonoursNewAnswer: a kept-alive connection to the address a
+// name used to resolve to is not reused once the name resolves elsewhere;
+// the request goes to the address just checked.
+func TestUpstreamPoolHonoursNewAnswer(t *testing.T) {
+	e := newEnv(t, `{"mode":"custom","allowedHosts":["api.example.com"]}`, "")
+	a := e.ca.Server(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "A") }), "api.example.com")
+	b := e.ca.Server(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "B") }), "api.example.com")
+	aa, ba := tlstest.Addr(a), tlstest.Addr(b)
+	e.decider.AllowPrivate = []netip.Prefix{netip.PrefixFrom(aa, 32), netip.PrefixFrom(ba, 32)}
+	e.dns.SetTTL("api.example.com", 0)
+	e.dns.SetSequence("api.example.com", []netip.Addr{aa}, []netip.Addr{ba})
+	if _, got := e.get(t, "api.example.com/1"); got != "A" {
+		t.Fatalf("first request went to %q, want A", got)
+	}
+	if _, got := e.get(t, "api.example.com/2"); got != "B" {
+		t.Errorf("second request went to %q over the kept-alive connection; want B, the address just checked", got)
+	}
+	if ev := e.event(2); ev.Addr != netip.AddrPortFrom(ba, 443).String() {
+		t.Errorf("event addr %q, want %s", ev.Addr, netip.AddrPortFrom(ba, 443))
+	}
+}
+
+// TestUpstreamNotReusedAfterPartialBody: when the sandbox goes away in the
+// middle of a response, the upstream connection is closed, never pooled
+// with the rest of that body unread, and the next request works.
+func TestUpstreamNotReusedAfterPartialBody(t *testing.T) {
+	e := newEnv(t, `{"mode":"custom","allowedHosts":["api.example.com"]}`, "")
+	var ra remoteAddrs
+	chunk := make([]byte, 64<<10)
+	e.upstream("api.example.com", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ra.handler("x")(discardWriter{w.Header()}, r)
+		if r.URL.Path != "/big" {
+			io.WriteString(w, "small")
+			return
+		}
+		for range 256 { // 16 MiB, far more than socket buffers hold
+			if _, err := w.Write(chunk); err != nil {
+				return
+			}
+		}
+	}))
+	c, err := net.Dial("tcp", e.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.SetDeadline(time.Now().Add(20 * time.Second))
+	io.WriteString(c, "GET /https/api.example.com/big HTTP/1.1\r\nHost: p\r\n\r\n")
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("big response: %v %v", resp, err)
+	}
+	if _, err := io.ReadFull(resp.Body, make([]byte, 1000)); err != nil {
+		t.Fatal(err)
+	}
+	c.Close() // the sandbox goes away mid-body
+	e.event(1)
+	if code, b := e.get(t, "api.example.com/small"); code != 200 || b != "small" {
+		t.Fatalf("next request: %d %q", code, b)
+	}
+	if n := ra.conns(); n != 2 {
+		t.Errorf("upstream saw %d connections, want 2: the half-read one must not be reused", n)
+	}
+}
+
+// discardWriter is a ResponseWriter that drops what is written.
+type discardWriter struct{ h http.Header }
+
+func (d discardWriter) Header() http.Header         { return d.h }
+func (d discardWriter) Write(p []byte) (int, error) { return len(p), nil }
+func (d discardWriter) WriteHeader(int)             {}
