@@ -7,75 +7,16 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"testing"
 )
 
-// BenchmarkRoute measures one routed request at a time through the proxy,
-// with a secret-swapping rule, against a loopback HTTPS upstream.
-func BenchmarkRoute(b *testing.B) {
-	e := newEnvTB(b, `{"mode":"custom","allowedHosts":["api.example.com"]}`,
-		`[{"match":{"host":"api.example.com"},"transform":{"headers":{"x-api-key":{"env":"CANARY_KEY"}}}}]`)
-	e.upstream("api.example.com", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.WriteString(w, `{"id":"msg_01","type":"message","content":[{"type":"text","text":"ok"}]}`)
-	}))
-	c := e.routeClient()
-	u := e.routeURL("api.example.com/v1/messages")
-	b.ResetTimer()
-	for b.Loop() {
-		resp, err := c.Get(u)
-		if err != nil {
-			b.Fatal(err)
-		}
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-	}
-}
+// Benchmarks compare the proxy with a direct connection to the same
+// loopback upstream in the same run; bench/proxy.sh does the same across
+// processes, which is what the README's figures come from.
 
-// BenchmarkDirect is BenchmarkRoute's baseline: the same request straight
-// to the upstream over HTTPS.
-func BenchmarkDirect(b *testing.B) {
-	e := newEnvTB(b, `{"mode":"custom","allowedHosts":["api.example.com"]}`, "")
-	srv := e.upstream("api.example.com", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.WriteString(w, `{"id":"msg_01","type":"message","content":[{"type":"text","text":"ok"}]}`)
-	}))
-	addr := srv.Listener.Addr().String()
-	c := &http.Client{Transport: &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, "tcp", addr)
-		},
-		TLSClientConfig:   &tls.Config{RootCAs: e.ca.Pool},
-		ForceAttemptHTTP2: true,
-	}}
-	u := "https://api.example.com/v1/messages"
-	b.ResetTimer()
-	for b.Loop() {
-		resp, err := c.Get(u)
-		if err != nil {
-			b.Fatal(err)
-		}
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-	}
-}
-
-// BenchmarkRoutePlain is BenchmarkRoute without transformation rules.
-func BenchmarkRoutePlain(b *testing.B) {
-	e := newEnvTB(b, `{"mode":"custom","allowedHosts":["api.example.com"]}`, "")
-	e.upstream("api.example.com", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.WriteString(w, `{"id":"msg_01","type":"message","content":[{"type":"text","text":"ok"}]}`)
-	}))
-	c := e.routeClient()
-	u := e.routeURL("api.example.com/v1/messages")
-	b.ResetTimer()
-	for b.Loop() {
-		resp, err := c.Get(u)
-		if err != nil {
-			b.Fatal(err)
-		}
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-	}
+func smallJSON(w http.ResponseWriter, r *http.Request) {
+	io.WriteString(w, `{"id":"msg_01","type":"message","content":[{"type":"text","text":"ok"}]}`)
 }
 
 const tunnelBulk = 256 << 20
@@ -90,15 +31,23 @@ func bulkHandler(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// BenchmarkTunnel downloads over HTTPS through a CONNECT tunnel; bytes/s is
-// the tunnel's throughput.
-func BenchmarkTunnel(b *testing.B) {
-	e := newEnvTB(b, `{"mode":"custom","allowedHosts":["api.example.com"]}`, "")
-	e.upstream("api.example.com", http.HandlerFunc(bulkHandler))
-	c := e.tunnelClient()
-	b.SetBytes(tunnelBulk)
+// directClient talks HTTPS straight to srv, for the host names it serves.
+func directClient(e *env, srv *httptest.Server) *http.Client {
+	addr := srv.Listener.Addr().String()
+	return &http.Client{Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "tcp", addr)
+		},
+		TLSClientConfig: &tls.Config{RootCAs: e.ca.Pool},
+	}}
+}
+
+// benchGets fetches u b.N times, reading each body to its end.
+func benchGets(b *testing.B, c *http.Client, u string) {
+	b.ResetTimer()
 	for b.Loop() {
-		resp, err := c.Get("https://api.example.com/bulk")
+		resp, err := c.Get(u)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -107,26 +56,41 @@ func BenchmarkTunnel(b *testing.B) {
 	}
 }
 
-// BenchmarkTunnelDirect is BenchmarkTunnel's baseline, straight to the
-// upstream.
-func BenchmarkTunnelDirect(b *testing.B) {
-	e := newEnvTB(b, `{"mode":"custom","allowedHosts":["api.example.com"]}`, "")
-	srv := e.upstream("api.example.com", http.HandlerFunc(bulkHandler))
-	addr := srv.Listener.Addr().String()
-	c := &http.Client{Transport: &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, "tcp", addr)
-		},
-		TLSClientConfig: &tls.Config{RootCAs: e.ca.Pool},
-	}}
+const benchPolicy = `{"mode":"custom","allowedHosts":["api.example.com"]}`
+
+// BenchmarkRoute: one routed request at a time, with a secret-swapping rule.
+func BenchmarkRoute(b *testing.B) {
+	e := newEnvTB(b, benchPolicy, `[{"match":{"host":"api.example.com"},"transform":{"headers":{"x-api-key":{"env":"CANARY_KEY"}}}}]`)
+	e.upstream("api.example.com", http.HandlerFunc(smallJSON))
+	benchGets(b, e.routeClient(), e.routeURL("api.example.com/v1/messages"))
+}
+
+// BenchmarkRoutePlain: BenchmarkRoute without transformation rules.
+func BenchmarkRoutePlain(b *testing.B) {
+	e := newEnvTB(b, benchPolicy, "")
+	e.upstream("api.example.com", http.HandlerFunc(smallJSON))
+	benchGets(b, e.routeClient(), e.routeURL("api.example.com/v1/messages"))
+}
+
+// BenchmarkDirect: the baseline of the route benchmarks.
+func BenchmarkDirect(b *testing.B) {
+	e := newEnvTB(b, benchPolicy, "")
+	srv := e.upstream("api.example.com", http.HandlerFunc(smallJSON))
+	benchGets(b, directClient(e, srv), "https://api.example.com/v1/messages")
+}
+
+// BenchmarkTunnel: an HTTPS download through a CONNECT tunnel.
+func BenchmarkTunnel(b *testing.B) {
+	e := newEnvTB(b, benchPolicy, "")
+	e.upstream("api.example.com", http.HandlerFunc(bulkHandler))
 	b.SetBytes(tunnelBulk)
-	for b.Loop() {
-		resp, err := c.Get("https://api.example.com/bulk")
-		if err != nil {
-			b.Fatal(err)
-		}
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-	}
+	benchGets(b, e.tunnelClient(), "https://api.example.com/bulk")
+}
+
+// BenchmarkTunnelDirect: the baseline of BenchmarkTunnel.
+func BenchmarkTunnelDirect(b *testing.B) {
+	e := newEnvTB(b, benchPolicy, "")
+	srv := e.upstream("api.example.com", http.HandlerFunc(bulkHandler))
+	b.SetBytes(tunnelBulk)
+	benchGets(b, directClient(e, srv), "https://api.example.com/bulk")
 }

@@ -170,8 +170,9 @@ func (e *env) routeClient() *http.Client {
 
 func (e *env) routeURL(hostPath string) string { return "http://" + e.addr + "/https/" + hostPath }
 
-// raw sends raw bytes to the proxy and reads one response.
-func (e *env) raw(req string) *http.Response {
+// dial opens a raw connection to the proxy, closed when the test ends and
+// bounded to 20s.
+func (e *env) dial() (net.Conn, *bufio.Reader) {
 	e.t.Helper()
 	c, err := net.DialTimeout("tcp", e.addr, 5*time.Second)
 	if err != nil {
@@ -179,10 +180,17 @@ func (e *env) raw(req string) *http.Response {
 	}
 	e.t.Cleanup(func() { c.Close() })
 	c.SetDeadline(time.Now().Add(20 * time.Second))
+	return c, bufio.NewReader(c)
+}
+
+// raw sends raw bytes to the proxy and reads one response.
+func (e *env) raw(req string) *http.Response {
+	e.t.Helper()
+	c, br := e.dial()
 	if _, err := io.WriteString(c, req); err != nil {
 		e.t.Fatal(err)
 	}
-	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	resp, err := http.ReadResponse(br, nil)
 	if err != nil {
 		e.t.Fatalf("reading response to %q: %v", req, err)
 	}
@@ -361,13 +369,7 @@ func TestRouteNoRedirectFollow(t *testing.T) {
 func TestRouteKeepAlive(t *testing.T) {
 	e := newEnv(t, `{"mode":"custom","allowedHosts":["api.example.com"]}`, "")
 	e.upstream("api.example.com", http.HandlerFunc(hello))
-	c, err := net.Dial("tcp", e.addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(20 * time.Second))
-	br := bufio.NewReader(c)
+	c, br := e.dial()
 	for i := range 3 {
 		fmt.Fprintf(c, "GET /https/api.example.com/k%d HTTP/1.1\r\nHost: x\r\n\r\n", i)
 		resp, err := http.ReadResponse(br, nil)
@@ -547,13 +549,9 @@ func TestLimits(t *testing.T) {
 	t.Run("connections per sandbox", func(t *testing.T) {
 		e := newEnv(t, `{"mode":"custom","allowedHosts":["api.example.com"]}`, "", func(c *Config) { c.MaxConns = 1 })
 		e.upstream("api.example.com", http.HandlerFunc(hello))
-		c, err := net.Dial("tcp", e.addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
+		c, br := e.dial()
 		io.WriteString(c, "CONNECT api.example.com:443 HTTP/1.1\r\n\r\n")
-		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		resp, err := http.ReadResponse(br, nil)
 		if err != nil || resp.StatusCode != 200 {
 			t.Fatalf("first tunnel: %v %v", resp, err)
 		}
@@ -573,14 +571,8 @@ func TestLimits(t *testing.T) {
 	t.Run("idle tunnel", func(t *testing.T) {
 		e := newEnv(t, `{"mode":"custom","allowedHosts":["api.example.com"]}`, "", func(c *Config) { c.IdleTimeout = 200 * time.Millisecond })
 		e.upstream("api.example.com", http.HandlerFunc(hello))
-		c, err := net.Dial("tcp", e.addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		c.SetDeadline(time.Now().Add(20 * time.Second))
+		c, br := e.dial()
 		io.WriteString(c, "CONNECT api.example.com:443 HTTP/1.1\r\n\r\n")
-		br := bufio.NewReader(c)
 		if resp, err := http.ReadResponse(br, nil); err != nil || resp.StatusCode != 200 {
 			t.Fatalf("tunnel: %v %v", resp, err)
 		}

@@ -1,15 +1,12 @@
 package relay
 
 import (
-	"bufio"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/netip"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/sandgate/sandgate/internal/tlstest"
 )
@@ -117,13 +114,8 @@ func TestUpstreamNotReusedAfterPartialBody(t *testing.T) {
 			}
 		}
 	}))
-	c, err := net.Dial("tcp", e.addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.SetDeadline(time.Now().Add(20 * time.Second))
+	c, br := e.dial()
 	io.WriteString(c, "GET /https/api.example.com/big HTTP/1.1\r\nHost: p\r\n\r\n")
-	br := bufio.NewReader(c)
 	resp, err := http.ReadResponse(br, nil)
 	if err != nil || resp.StatusCode != 200 {
 		t.Fatalf("big response: %v %v", resp, err)
