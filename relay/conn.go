@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/sandgate/sandgate/relay/audit"
@@ -22,6 +23,9 @@ type clientConn struct {
 	c  net.Conn
 	br *bufio.Reader
 	bw *bufio.Writer
+	// busy is set while a request is being read or served; a connection
+	// that is not busy may be closed when its Serve context ends.
+	busy atomic.Bool
 }
 
 func newClientConn(p *Proxy, sb *Sandbox, c net.Conn) *clientConn {
@@ -41,10 +45,15 @@ func (cc *clientConn) serve(ctx context.Context) {
 		if first {
 			wait = cc.p.cfg.HeaderTimeout
 		}
+		cc.busy.Store(false)
+		if ctx.Err() != nil {
+			return
+		}
 		cc.c.SetReadDeadline(time.Now().Add(wait))
 		if _, err := cc.br.Peek(1); err != nil {
 			return // closed or idle: nothing to answer
 		}
+		cc.busy.Store(true)
 		cc.c.SetReadDeadline(time.Now().Add(cc.p.cfg.HeaderTimeout))
 		req, err := cc.readRequest()
 		if err != nil {
@@ -56,7 +65,7 @@ func (cc *clientConn) serve(ctx context.Context) {
 			cc.refuse(limitError(fmt.Sprintf("sandbox %s already has %d connections open", cc.sb.id, cc.p.cfg.MaxConns), time.Second), req)
 			return
 		}
-		keep := cc.handle(ctx, req)
+		keep := cc.handle(cc.p.hard, req)
 		cc.sb.release()
 		if !keep {
 			return

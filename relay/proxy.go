@@ -81,6 +81,11 @@ func (c Config) withDefaults() Config {
 type Proxy struct {
 	cfg Config
 
+	// hard ends when Close is called: requests and tunnels in progress run
+	// under it, so that ending a Serve context lets them finish.
+	hard     context.Context
+	hardStop context.CancelCauseFunc
+
 	mu     sync.Mutex
 	conns  map[net.Conn]struct{}
 	closed bool
@@ -91,7 +96,9 @@ func New(cfg Config) (*Proxy, error) {
 	if cfg.Decider == nil || cfg.Decider.Resolver == nil {
 		return nil, errors.New("relay: Config.Decider with a Resolver is required")
 	}
-	return &Proxy{cfg: cfg.withDefaults(), conns: make(map[net.Conn]struct{})}, nil
+	p := &Proxy{cfg: cfg.withDefaults(), conns: make(map[net.Conn]struct{})}
+	p.hard, p.hardStop = context.WithCancelCause(context.Background())
+	return p, nil
 }
 
 // Sandbox is the identity and rules that connections on one listener or
@@ -160,8 +167,9 @@ func (s *Sandbox) upstream(p *Proxy) *upstreamPool {
 }
 
 // Serve accepts connections on ln and serves each as sandbox sb until ctx
-// ends or ln fails. It closes ln when it returns. Connections still open
-// when ctx ends are closed.
+// ends or ln fails, then closes ln and returns when every connection it
+// accepted is finished: idle ones are closed at once, requests and tunnels
+// in progress are let finish (until Close).
 func (p *Proxy) Serve(ctx context.Context, ln net.Listener, sb *Sandbox) error {
 	stop := context.AfterFunc(ctx, func() { ln.Close() })
 	defer stop()
@@ -190,18 +198,25 @@ func (p *Proxy) Serve(ctx context.Context, ln net.Listener, sb *Sandbox) error {
 }
 
 // ServeConn serves one connection (a TCP connection or a stream of a
-// sandbox's link) as sandbox sb, and closes it when done. It returns when
-// the connection is finished or ctx ends.
+// sandbox's link) as sandbox sb, and closes it when done. When ctx ends the
+// connection is closed if it is between requests; a request or tunnel in
+// progress is let finish, until Close cuts it. ServeConn returns when the
+// connection is finished.
 func (p *Proxy) ServeConn(ctx context.Context, c net.Conn, sb *Sandbox) {
 	if !p.track(c) {
 		c.Close()
 		return
 	}
 	defer p.untrack(c)
-	stop := context.AfterFunc(ctx, func() { c.Close() })
-	defer stop()
 	defer c.Close()
-	newClientConn(p, sb, c).serve(ctx)
+	cc := newClientConn(p, sb, c)
+	stop := context.AfterFunc(ctx, func() {
+		if !cc.busy.Load() {
+			c.Close()
+		}
+	})
+	defer stop()
+	cc.serve(ctx)
 }
 
 func (p *Proxy) track(c net.Conn) bool {
@@ -220,8 +235,12 @@ func (p *Proxy) untrack(c net.Conn) {
 	p.mu.Unlock()
 }
 
-// Close closes every connection the proxy is serving and refuses new ones.
+// Close cuts every connection the proxy is serving, requests and tunnels
+// in progress included, and refuses new ones. For a graceful stop, end the
+// contexts given to Serve first, wait (bounded) for Serve to return, then
+// Close.
 func (p *Proxy) Close() error {
+	p.hardStop(errors.New("proxy closed"))
 	p.mu.Lock()
 	p.closed = true
 	conns := p.conns

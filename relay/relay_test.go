@@ -60,6 +60,8 @@ type env struct {
 	addr    string // proxy listen address
 	rings   *audit.Rings
 	log     *syncBuffer // audit JSON lines and operational logs
+	stop    context.CancelFunc // ends Serve's context (a graceful stop)
+	served  chan struct{}      // closed when Serve returned
 }
 
 type envOpt func(*Config)
@@ -116,6 +118,7 @@ func newEnvTB(t testing.TB, policy string, rules string, opts ...envOpt) *env {
 	e.addr = ln.Addr().String()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
+	e.stop, e.served = cancel, done
 	go func() { e.proxy.Serve(ctx, ln, e.sb); close(done) }()
 	t.Cleanup(func() {
 		cancel()
@@ -641,5 +644,62 @@ func TestUntrustedUpstreamCertificate(t *testing.T) {
 	}
 	if b := body(t, resp); resp.StatusCode != 502 || !strings.Contains(b, "certificate") {
 		t.Errorf("got %d %q, want 502 naming the certificate", resp.StatusCode, b)
+	}
+}
+
+// TestGracefulStop: ending Serve's context closes the listener and idle
+// connections at once, lets a request in progress finish, and Serve returns
+// when it has.
+func TestGracefulStop(t *testing.T) {
+	e := newEnv(t, `{"mode":"custom","allowedHosts":["api.example.com"]}`, "")
+	release := make(chan struct{})
+	entered := make(chan struct{}, 1)
+	e.upstream("api.example.com", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/slow" {
+			entered <- struct{}{}
+			select {
+			case <-release:
+			case <-time.After(20 * time.Second):
+			}
+		}
+		io.WriteString(w, "done "+r.URL.Path)
+	}))
+	idle, idleBr := e.dial()
+	io.WriteString(idle, "GET /https/api.example.com/first HTTP/1.1\r\nHost: p\r\n\r\n")
+	if resp, err := http.ReadResponse(idleBr, nil); err != nil || body(t, resp) != "done /first" {
+		t.Fatalf("first request: %v", err)
+	}
+	busy, busyBr := e.dial()
+	io.WriteString(busy, "GET /https/api.example.com/slow HTTP/1.1\r\nHost: p\r\n\r\n")
+	select {
+	case <-entered:
+	case <-time.After(20 * time.Second):
+		t.Fatal("slow request never reached the upstream")
+	}
+	e.stop()
+	if _, err := idleBr.ReadByte(); err != io.EOF {
+		t.Errorf("idle connection after stop: read %v, want EOF", err)
+	}
+	select {
+	case <-e.served:
+		t.Fatal("Serve returned while a request was in progress")
+	default:
+	}
+	close(release)
+	resp, err := http.ReadResponse(busyBr, nil)
+	if err != nil {
+		t.Fatalf("request in progress was cut: %v", err)
+	}
+	if b := body(t, resp); b != "done /slow" {
+		t.Errorf("got %q", b)
+	}
+	select {
+	case <-e.served:
+	case <-time.After(20 * time.Second):
+		t.Fatal("Serve did not return after the last request finished")
+	}
+	if c, err := net.DialTimeout("tcp", e.addr, time.Second); err == nil {
+		c.Close()
+		t.Errorf("the listener still accepts after stop")
 	}
 }

@@ -37,6 +37,7 @@ one audit event on --audit-log.`,
 			&cli.StringFlag{Name: "metrics-listen", Usage: "serve Prometheus /metrics on `ADDR` (off when empty)", EnvVars: []string{"SANDGATE_METRICS_LISTEN"}},
 			&cli.StringFlag{Name: "audit-log", Value: "-", Usage: "write audit events as JSON lines to `FILE` (- for standard output)", EnvVars: []string{"SANDGATE_AUDIT_LOG"}},
 			&cli.StringFlag{Name: "sandbox-id", Value: "standalone", Usage: "the sandbox `ID` this proxy's connections are served as"},
+			&cli.DurationFlag{Name: "shutdown-grace", Value: 10 * time.Second, Usage: "on SIGTERM/SIGINT, let requests and tunnels in progress finish for up to `DURATION` before cutting them", EnvVars: []string{"SANDGATE_SHUTDOWN_GRACE"}},
 			&cli.StringSliceFlag{Name: "upstream-ca", Usage: "also trust the PEM certificates in `FILE` for upstreams (tests, private CAs)", EnvVars: []string{"SANDGATE_UPSTREAM_CA"}},
 		),
 		OnUsageError: usageError,
@@ -107,12 +108,24 @@ func runProxy(c *cli.Context) error {
 	defer sb.Close()
 	logger.Info("proxy listening", "addr", ln.Addr().String(), "sandbox", sb.ID(),
 		"service_hosts", len(eg.decider.ServiceHosts), "transformations", rules.Len())
-	err = p.Serve(ctx, ln, sb)
-	if c.Context.Err() != nil {
-		logger.Info("proxy stopping", "cause", context.Cause(c.Context))
-		return nil
+	served := make(chan error, 1)
+	go func() { served <- p.Serve(c.Context, ln, sb) }()
+	select {
+	case err := <-served:
+		return err
+	case <-c.Context.Done():
 	}
-	return err
+	grace := c.Duration("shutdown-grace")
+	logger.Info("proxy stopping: refusing new connections, letting those in progress finish", "grace", grace.String())
+	select {
+	case <-served:
+	case <-time.After(grace):
+		logger.Warn("grace period over: cutting the connections still open", "grace", grace.String())
+		p.Close()
+		<-served
+	}
+	logger.Info("proxy stopped")
+	return nil
 }
 
 func serveMetrics(ctx context.Context, ln net.Listener, reg *prometheus.Registry, logger *slog.Logger) {
