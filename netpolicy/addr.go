@@ -157,7 +157,7 @@ func Classify(a netip.Addr) (Class, string) {
 	if v4s, form, ok := embeddedV4(a); ok {
 		for _, v4 := range v4s {
 			if c, _ := Classify(v4); c != Public {
-				return c, fmt.Sprintf("%s is %s address carrying %s, %s %s address", a, form, v4, article(c), c)
+				return c, fmt.Sprintf("%s is %s %s address carrying %s, %s %s address", a, articleFor(form), form, v4, article(c), c)
 			}
 		}
 		return Public, ""
@@ -174,11 +174,17 @@ func Classify(a netip.Addr) (Class, string) {
 }
 
 func article(c Class) string {
-	switch c[0] {
-	case 'a', 'e', 'i', 'o', 'u':
-		if c == ULA { // "a unique local"
-			return "a"
-		}
+	if c == ULA { // "a unique local"
+		return "a"
+	}
+	return articleFor(string(c))
+}
+
+// articleFor is "an" before a vowel sound, as the class and form names
+// here are spelled.
+func articleFor(word string) string {
+	switch word[0] {
+	case 'a', 'e', 'i', 'o', 'u', 'I':
 		return "an"
 	}
 	return "a"
