@@ -214,12 +214,24 @@ func (e *env) event(n int) audit.Event {
 	return audit.Event{}
 }
 
+// body reads a response the sandbox got. No response a sandbox sees, error
+// or not, may carry the canary secret, in its headers or its body.
 func body(t *testing.T, r *http.Response) string {
 	t.Helper()
 	defer r.Body.Close()
 	b, err := io.ReadAll(r.Body)
 	if err != nil {
 		t.Fatal(err)
+	}
+	for k, vs := range r.Header {
+		for _, v := range vs {
+			if strings.Contains(v, canary) {
+				t.Errorf("the canary secret reached the sandbox in header %s", k)
+			}
+		}
+	}
+	if strings.Contains(string(b), canary) {
+		t.Errorf("the canary secret reached the sandbox in a %d response body", r.StatusCode)
 	}
 	return string(b)
 }
@@ -450,6 +462,13 @@ func TestSecretSwap(t *testing.T) {
 		mu.Unlock()
 		key := r.Header.Get("X-Api-Key")
 		w.Header().Set("X-Echo", "key="+key)
+		if r.URL.Query().Get("br") == "1" {
+			// An encoding the scrubber cannot read: the body might hide
+			// the secret, so it must never reach the sandbox.
+			w.Header().Set("Content-Encoding", "br")
+			fmt.Fprintf(w, "opaque %s", key)
+			return
+		}
 		if r.URL.Query().Get("gzip") == "1" {
 			w.Header().Set("Content-Encoding", "gzip")
 			zw := gzip.NewWriter(w)
@@ -495,10 +514,19 @@ func TestSecretSwap(t *testing.T) {
 	if len(ev.Transforms) != 1 || !strings.Contains(ev.Transforms[0], "api.example.com") {
 		t.Errorf("event transforms = %v", ev.Transforms)
 	}
-	// Not matching the rule's path: nothing swapped.
-	req, _ := http.NewRequest("GET", e.routeURL("api.example.com/other"), nil)
+	req, _ := http.NewRequest("GET", e.routeURL("api.example.com/v1/x?br=1"), nil)
 	req.Header.Set("X-Api-Key", ph)
 	resp, err := e.routeClient().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := body(t, resp); resp.StatusCode != 502 || !strings.Contains(b, "could not be scrubbed") {
+		t.Errorf("an unscrubbable encoding got %d %q, want 502", resp.StatusCode, b)
+	}
+	// Not matching the rule's path: nothing swapped.
+	req, _ = http.NewRequest("GET", e.routeURL("api.example.com/other"), nil)
+	req.Header.Set("X-Api-Key", ph)
+	resp, err = e.routeClient().Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
