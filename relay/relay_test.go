@@ -59,7 +59,7 @@ type env struct {
 	sb      *Sandbox
 	addr    string // proxy listen address
 	rings   *audit.Rings
-	log     *syncBuffer // audit JSON lines and operational logs
+	log     *syncBuffer        // audit JSON lines and operational logs
 	stop    context.CancelFunc // ends Serve's context (a graceful stop)
 	served  chan struct{}      // closed when Serve returned
 }

@@ -51,6 +51,7 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 		Commands: []*cli.Command{
 			proxyCommand(),
 			policyCommand(),
+			snapshotCommand(),
 		},
 		ExitErrHandler: func(*cli.Context, error) {}, // run() reports errors
 	}

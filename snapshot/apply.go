@@ -1,0 +1,541 @@
+package snapshot
+
+import (
+	"archive/tar"
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// Mode says how Unpack treats whiteouts.
+type Mode string
+
+const (
+	// ModeTree applies the layer as a plain directory tree: a whiteout
+	// deletes what it names and an opaque marker empties its directory.
+	ModeTree Mode = "tree"
+	// ModeUpper restores an overlayfs upper: whiteouts become 0/0
+	// character devices and opaque markers the trusted.overlay.opaque
+	// attribute. It needs root.
+	ModeUpper Mode = "upper"
+)
+
+// ParseMode accepts "tree" and "upper".
+func ParseMode(s string) (Mode, error) {
+	switch Mode(s) {
+	case "", ModeTree:
+		return ModeTree, nil
+	case ModeUpper:
+		return ModeUpper, nil
+	}
+	return "", fmt.Errorf("mode %q: want upper or tree", s)
+}
+
+// Default caps for Unpack.
+const (
+	DefaultMaxBytes   = 64 << 30 // decompressed tar bytes
+	DefaultMaxEntries = 4 << 20
+)
+
+// ApplyOptions configures Unpack. The zero value applies a layer as a plain
+// tree with the default caps, refuses setuid/setgid bits and file
+// capabilities, and does not check digests.
+type ApplyOptions struct {
+	Mode Mode // "" means ModeTree
+	// Trusted allows setuid/setgid bits and security.capability: set it
+	// only for layers the caller made itself from a trusted tree.
+	Trusted    bool
+	MaxBytes   int64 // cap on the decompressed tar stream; 0 means DefaultMaxBytes
+	MaxEntries int64 // cap on tar entries; 0 means DefaultMaxEntries
+	// Digest and TarDigest, when set ("sha256:<hex>"), must match the
+	// compressed stream and the tar stream, or nothing is applied.
+	Digest, TarDigest string
+	// NoChown keeps files owned by the caller. Ownership is only restored
+	// when running as root.
+	NoChown bool
+	// Progress, if set, is called after each entry with the compressed
+	// bytes read so far.
+	Progress func(read int64)
+}
+
+// ApplyResult describes the layer Unpack applied, as measured while reading.
+type ApplyResult struct {
+	Compression Compression
+	Digest      string
+	Size        int64
+	TarDigest   string
+	TarSize     int64
+	Entries     int64
+}
+
+// maxTrailing bounds the bytes accepted after the end of a compressed stream.
+const maxTrailing = 1 << 20
+
+// Unpack applies the layer read from r to dir. Everything is extracted into
+// a fresh sibling directory first; only when the whole stream has been read,
+// checked and verified is it renamed to dir (if dir is missing or empty) or
+// merged into dir. A refused or broken archive leaves dir untouched.
+// r is read to EOF, so a verifying reader (see the store package) gets to
+// check its digest before anything becomes visible.
+func Unpack(ctx context.Context, r io.Reader, dir string, opts ApplyOptions) (*ApplyResult, error) {
+	if opts.Mode == "" {
+		opts.Mode = ModeTree
+	}
+	if opts.Mode != ModeTree && opts.Mode != ModeUpper {
+		return nil, fmt.Errorf("unpack: mode %q: want upper or tree", opts.Mode)
+	}
+	if opts.MaxBytes <= 0 {
+		opts.MaxBytes = DefaultMaxBytes
+	}
+	if opts.MaxEntries <= 0 {
+		opts.MaxEntries = DefaultMaxEntries
+	}
+	target, err := filepath.Abs(dir)
+	if err != nil {
+		return nil, fmt.Errorf("unpack: %w", err)
+	}
+	if err := os.MkdirAll(filepath.Dir(target), 0o755); err != nil {
+		return nil, fmt.Errorf("unpack: %w", err)
+	}
+	staging, err := os.MkdirTemp(filepath.Dir(target), "."+filepath.Base(target)+".unpack-")
+	if err != nil {
+		return nil, fmt.Errorf("unpack: %w", err)
+	}
+	committed := false
+	defer func() {
+		if !committed {
+			os.RemoveAll(staging)
+		}
+	}()
+	root, err := os.OpenRoot(staging)
+	if err != nil {
+		return nil, fmt.Errorf("unpack: %w", err)
+	}
+	defer root.Close()
+
+	a := &applier{
+		ctx:      ctx,
+		root:     root,
+		opts:     opts,
+		chown:    !opts.NoChown && os.Geteuid() == 0,
+		symlinks: map[string]bool{},
+		dirIdx:   map[string]int{},
+		buf:      make([]byte, 1<<20),
+	}
+	if st, err := os.Lstat(target); err == nil && st.IsDir() {
+		empty, err := isEmptyDir(target)
+		if err != nil {
+			return nil, fmt.Errorf("unpack: %w", err)
+		}
+		a.onto = !empty
+	}
+	res, err := a.read(r)
+	a.dropDirFd()
+	if err != nil {
+		return nil, fmt.Errorf("unpack: %w", err)
+	}
+	if err := a.finishDirs(root); err != nil {
+		return nil, fmt.Errorf("unpack: %w", err)
+	}
+	if err := commit(staging, target, a); err != nil {
+		return nil, fmt.Errorf("unpack into %s: %w", target, err)
+	}
+	committed = true
+	return res, nil
+}
+
+// applier extracts one tar stream into a staging root.
+type applier struct {
+	ctx       context.Context
+	root      *os.Root
+	opts      ApplyOptions
+	chown     bool
+	symlinks  map[string]bool // paths this archive made symlinks
+	dirs      []*tar.Header   // explicit directory entries, metadata applied last
+	dirIdx    map[string]int
+	onto      bool        // applying onto a non-empty target: merge, not rename
+	links     [][2]string // hardlinks (target, name) to existing paths of the target
+	whiteouts []string    // paths to delete from an existing target
+	opaques   []string    // directories whose existing target contents go
+	entries   int64
+	buf       []byte
+	compRead  *hashingReader
+	cached    *os.File // dirFd's cache
+	cachedDir string
+}
+
+func (a *applier) read(r io.Reader) (*ApplyResult, error) {
+	a.compRead = newHashingReader(r)
+	br := bufio.NewReaderSize(a.compRead, 1<<20)
+	dec, comp, err := newDecompressor(br)
+	if err != nil {
+		return nil, err
+	}
+	defer dec.Close()
+	tarRead := newHashingReader(&cappedReader{r: dec, max: a.opts.MaxBytes})
+	ra := newReadAhead(tarRead, 1<<20, 4)
+	defer ra.close() // before dec.Close: the goroutine reads dec
+	tr := tar.NewReader(ra)
+	for {
+		if err := a.ctx.Err(); err != nil {
+			return nil, context.Cause(a.ctx)
+		}
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("read tar after %d entries: %w", a.entries, err)
+		}
+		a.entries++
+		if a.entries > a.opts.MaxEntries {
+			return nil, refuse(hdr.Name, "more than %d entries", a.opts.MaxEntries)
+		}
+		if err := a.apply(hdr, tr); err != nil {
+			return nil, err
+		}
+		if a.opts.Progress != nil {
+			a.opts.Progress(a.compRead.n.Load())
+		}
+	}
+	// Read the tar padding and the rest of the compressed stream so that
+	// digests cover every byte and a verifying source reaches EOF.
+	if _, err := io.CopyBuffer(io.Discard, ra, a.buf); err != nil {
+		return nil, fmt.Errorf("read tar trailer: %w", err)
+	}
+	ra.close() // the goroutine has returned at EOF: br and the counters are ours again
+	if n, err := io.CopyBuffer(io.Discard, io.LimitReader(br, maxTrailing+1), a.buf); err != nil {
+		return nil, fmt.Errorf("read stream end: %w", err)
+	} else if n > maxTrailing {
+		return nil, refuse("(stream)", "more than %d bytes after the end of the layer", maxTrailing)
+	}
+	res := &ApplyResult{
+		Compression: comp,
+		Digest:      a.compRead.digest(),
+		Size:        a.compRead.n.Load(),
+		TarDigest:   tarRead.digest(),
+		TarSize:     tarRead.n.Load(),
+		Entries:     a.entries,
+	}
+	if a.opts.Digest != "" && a.opts.Digest != res.Digest {
+		return nil, fmt.Errorf("layer digest %s, want %s: %w", res.Digest, a.opts.Digest, ErrDigestMismatch)
+	}
+	if a.opts.TarDigest != "" && a.opts.TarDigest != res.TarDigest {
+		return nil, fmt.Errorf("tar digest %s, want %s: %w", res.TarDigest, a.opts.TarDigest, ErrDigestMismatch)
+	}
+	return res, nil
+}
+
+func (a *applier) apply(hdr *tar.Header, content io.Reader) error {
+	if hdr.Typeflag == tar.TypeXGlobalHeader {
+		return nil
+	}
+	name, err := cleanEntryName(hdr.Name)
+	if err != nil {
+		return err
+	}
+	if hdr.Size < 0 || hdr.Size > a.opts.MaxBytes {
+		return refuse(hdr.Name, "size %d exceeds the %d-byte cap", hdr.Size, a.opts.MaxBytes)
+	}
+	if hdr.Mode&0o6000 != 0 && !a.opts.Trusted {
+		return refuse(hdr.Name, "setuid/setgid bits on an untrusted layer")
+	}
+	xattrs, err := a.checkXattrs(hdr)
+	if err != nil {
+		return err
+	}
+	if target, opaque, ok, err := splitWhiteout(name); err != nil {
+		return err
+	} else if ok {
+		if opaque {
+			return a.opaque(target, hdr)
+		}
+		return a.whiteout(target, hdr, hdr.PAXRecords[paxRemovedKey] == "1")
+	}
+	if name == "." {
+		if hdr.Typeflag != tar.TypeDir {
+			return refuse(hdr.Name, "the layer root must be a directory")
+		}
+		return a.dir(name, hdr)
+	}
+	if err := a.prepare(name, hdr.Typeflag == tar.TypeDir); err != nil {
+		return err
+	}
+	switch hdr.Typeflag {
+	case tar.TypeReg:
+		return a.file(name, hdr, content, xattrs)
+	case tar.TypeDir:
+		return a.dir(name, hdr)
+	case tar.TypeSymlink:
+		return a.symlink(name, hdr, xattrs)
+	case tar.TypeLink:
+		return a.hardlink(name, hdr)
+	case tar.TypeFifo:
+		return a.special(name, hdr, xattrs, func(fd int, base string) error {
+			return unix.Mkfifoat(fd, base, uint32(hdr.Mode&0o777))
+		})
+	case tar.TypeChar:
+		if hdr.Devmajor == 0 && hdr.Devminor == 0 {
+			return a.whiteout(name, hdr, false) // an overlay whiteout stored raw
+		}
+		return refuse(hdr.Name, "character device %d:%d", hdr.Devmajor, hdr.Devminor)
+	case tar.TypeBlock:
+		return refuse(hdr.Name, "block device %d:%d", hdr.Devmajor, hdr.Devminor)
+	}
+	return refuse(hdr.Name, "unsupported entry type %q", hdr.Typeflag)
+}
+
+// checkXattrs returns the attributes an entry may set, refusing the rest.
+func (a *applier) checkXattrs(hdr *tar.Header) (map[string]string, error) {
+	x := paxXattrs(hdr.PAXRecords)
+	if len(x) > maxXattrsEntry {
+		return nil, refuse(hdr.Name, "%d xattrs", len(x))
+	}
+	for k, v := range x {
+		switch {
+		case strings.HasPrefix(k, "user."):
+		case k == xattrCapable:
+			if !a.opts.Trusted {
+				return nil, refuse(hdr.Name, "file capabilities on an untrusted layer")
+			}
+		default:
+			return nil, refuse(hdr.Name, "xattr %s is not allowed in a layer", k)
+		}
+		if len(v) > maxXattrValue {
+			return nil, refuse(hdr.Name, "xattr %s larger than %d bytes", k, maxXattrValue)
+		}
+	}
+	return x, nil
+}
+
+// underSymlink reports a path whose parent is (below) a symlink this
+// archive created: writing there would write through the link.
+func (a *applier) underSymlink(name string) bool {
+	if len(a.symlinks) == 0 {
+		return false
+	}
+	for p := path.Dir(name); p != "."; p = path.Dir(p) {
+		if a.symlinks[p] {
+			return true
+		}
+	}
+	return false
+}
+
+// prepare makes name's parent directories and clears whatever sits at
+// name, unless both are directories.
+func (a *applier) prepare(name string, isDir bool) error {
+	if a.underSymlink(name) {
+		return refuse(name, "write through a symlink")
+	}
+	fd, err := a.dirFd(path.Dir(name))
+	if err != nil {
+		return &EntryError{Name: name, Reason: "make parent: " + err.Error(), Err: err}
+	}
+	var st unix.Stat_t
+	err = unix.Fstatat(fd, path.Base(name), &st, unix.AT_SYMLINK_NOFOLLOW)
+	if errors.Is(err, unix.ENOENT) {
+		return nil
+	}
+	if err != nil {
+		return &EntryError{Name: name, Reason: err.Error(), Err: err}
+	}
+	if isDir && st.Mode&unix.S_IFMT == unix.S_IFDIR {
+		return nil
+	}
+	return a.removeStaged(name)
+}
+
+// dirFd returns an fd of the staged directory dir, making it (and its
+// parents) if missing. The last one is cached: archives list a
+// directory's entries together, and each lookup through os.Root costs a
+// system call per path component.
+func (a *applier) dirFd(dir string) (int, error) {
+	if a.cached != nil && a.cachedDir == dir {
+		return int(a.cached.Fd()), nil
+	}
+	a.dropDirFd()
+	f, err := a.root.OpenFile(dir, os.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW, 0)
+	if errors.Is(err, fs.ErrNotExist) {
+		if err = a.root.MkdirAll(dir, 0o755); err == nil {
+			f, err = a.root.OpenFile(dir, os.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW, 0)
+		}
+	}
+	if err != nil {
+		return -1, err
+	}
+	a.cached, a.cachedDir = f, dir
+	return int(f.Fd()), nil
+}
+
+func (a *applier) dropDirFd() {
+	if a.cached != nil {
+		a.cached.Close()
+		a.cached, a.cachedDir = nil, ""
+	}
+}
+
+func (a *applier) removeStaged(name string) error {
+	a.dropDirFd()
+	for p, i := range a.dirIdx {
+		if hasPrefixPath(p, name) {
+			a.dirs[i] = nil
+			delete(a.dirIdx, p)
+		}
+	}
+	for p := range a.symlinks {
+		if hasPrefixPath(p, name) {
+			delete(a.symlinks, p)
+		}
+	}
+	if err := a.root.RemoveAll(name); err != nil {
+		return &EntryError{Name: name, Reason: "replace: " + err.Error(), Err: err}
+	}
+	return nil
+}
+
+func (a *applier) file(name string, hdr *tar.Header, content io.Reader, xattrs map[string]string) error {
+	dfd, err := a.dirFd(path.Dir(name))
+	if err != nil {
+		return &EntryError{Name: name, Reason: err.Error(), Err: err}
+	}
+	fd, err := unix.Openat(dfd, path.Base(name), unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return &EntryError{Name: name, Reason: err.Error(), Err: err}
+	}
+	f := os.NewFile(uintptr(fd), name)
+	n, err := io.CopyBuffer(onlyWriter{f}, content, a.buf)
+	if err == nil && n != hdr.Size {
+		err = io.ErrUnexpectedEOF
+	}
+	if err == nil {
+		err = a.fileMeta(f, hdr, xattrs)
+	}
+	if err == nil {
+		err = futimens(f, hdr)
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	var ee *EntryError
+	if errors.As(err, &ee) {
+		return err
+	}
+	if err != nil {
+		return &EntryError{Name: name, Reason: err.Error(), Err: err}
+	}
+	return nil
+}
+
+// dir makes a directory; its metadata is applied by finishDirs, once its
+// contents stop changing its mtime.
+func (a *applier) dir(name string, hdr *tar.Header) error {
+	if name != "." {
+		dfd, err := a.dirFd(path.Dir(name))
+		if err == nil {
+			err = unix.Mkdirat(dfd, path.Base(name), 0o700)
+		}
+		if err != nil && !errors.Is(err, unix.EEXIST) {
+			return &EntryError{Name: name, Reason: err.Error(), Err: err}
+		}
+	}
+	if i, ok := a.dirIdx[name]; ok {
+		a.dirs[i] = hdr
+	} else {
+		a.dirIdx[name] = len(a.dirs)
+		a.dirs = append(a.dirs, hdr)
+	}
+	return nil
+}
+
+func (a *applier) symlink(name string, hdr *tar.Header, xattrs map[string]string) error {
+	if hdr.Linkname == "" || strings.IndexByte(hdr.Linkname, 0) >= 0 || len(hdr.Linkname) > maxNameLen {
+		return refuse(hdr.Name, "bad symlink target")
+	}
+	if err := a.root.Symlink(hdr.Linkname, name); err != nil {
+		return &EntryError{Name: name, Reason: err.Error(), Err: err}
+	}
+	a.symlinks[name] = true
+	return a.nodeMeta(a.root, name, hdr, xattrs)
+}
+
+func (a *applier) hardlink(name string, hdr *tar.Header) error {
+	target, err := cleanEntryName(hdr.Linkname)
+	if err != nil {
+		return refuse(hdr.Name, "hardlink target %q: leaves the root", hdr.Linkname)
+	}
+	if target == "." || a.underSymlink(target) {
+		return refuse(hdr.Name, "hardlink target %q leaves the layer", hdr.Linkname)
+	}
+	st, err := a.root.Lstat(target)
+	if err != nil && a.onto {
+		// A delta may link to a path of the tree it is applied onto: link
+		// it when merging, after checking that path there.
+		a.links = append(a.links, [2]string{target, name})
+		return nil
+	}
+	if err != nil {
+		return refuse(hdr.Name, "hardlink target %q is not in the layer", hdr.Linkname)
+	}
+	if st.IsDir() {
+		return refuse(hdr.Name, "hardlink to directory %q", hdr.Linkname)
+	}
+	if err := a.root.Link(target, name); err != nil {
+		return &EntryError{Name: name, Reason: err.Error(), Err: err}
+	}
+	if a.symlinks[target] {
+		a.symlinks[name] = true
+	}
+	return nil
+}
+
+func (a *applier) special(name string, hdr *tar.Header, xattrs map[string]string, mk func(fd int, base string) error) error {
+	if err := atParent(a.root, name, mk); err != nil {
+		return &EntryError{Name: name, Reason: err.Error(), Err: err}
+	}
+	return a.nodeMeta(a.root, name, hdr, xattrs)
+}
+
+// whiteout handles ".wh.<name>" (or a raw 0/0 device) hiding name.
+// removed marks a delta's "gone since the base", which never becomes a
+// device: it only deletes.
+func (a *applier) whiteout(name string, hdr *tar.Header, removed bool) error {
+	if name == "." {
+		return refuse(hdr.Name, "whiteout of the layer root")
+	}
+	if err := a.prepare(name, false); err != nil {
+		return err
+	}
+	a.whiteouts = append(a.whiteouts, name)
+	if a.opts.Mode != ModeUpper || removed {
+		return nil
+	}
+	h := *hdr
+	h.Mode &= 0o777
+	return a.special(name, &h, nil, func(fd int, base string) error {
+		return unix.Mknodat(fd, base, unix.S_IFCHR|uint32(h.Mode), 0)
+	})
+}
+
+// opaque handles ".wh..wh..opq" in dir.
+func (a *applier) opaque(dir string, hdr *tar.Header) error {
+	if dir != "." {
+		if err := a.prepare(dir, true); err != nil {
+			return err
+		}
+		if err := a.root.MkdirAll(dir, 0o755); err != nil {
+			return &EntryError{Name: hdr.Name, Reason: err.Error(), Err: err}
+		}
+	}
+	a.opaques = append(a.opaques, dir)
+	return nil
+}

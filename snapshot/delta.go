@@ -1,0 +1,210 @@
+package snapshot
+
+import (
+	"archive/tar"
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path"
+)
+
+// MergeOptions configures MergeLayers.
+type MergeOptions struct {
+	Compression Compression // of the output; "" means Zstd
+	Level       int
+	MaxBytes    int64 // cap on each input's tar stream; 0 means DefaultMaxBytes
+}
+
+// deltaSet is what a delta layer changes, keyed by clean path.
+type deltaSet struct {
+	replaced map[string]bool // paths the delta writes an entry for
+	hidden   []string        // whiteouts: the path and everything below go
+	opaque   []string        // directories whose base contents go
+	nondirs  map[string]bool // paths the delta makes non-directories
+}
+
+func (d *deltaSet) drops(p string) bool {
+	if d.replaced[p] {
+		return true
+	}
+	for _, h := range d.hidden {
+		if hasPrefixPath(p, h) {
+			return true
+		}
+	}
+	for _, o := range d.opaque {
+		if p != o && hasPrefixPath(p, o) {
+			return true
+		}
+	}
+	for q := path.Dir(p); q != "."; q = path.Dir(q) {
+		if d.nondirs[q] {
+			return true
+		}
+	}
+	return false
+}
+
+// MergeLayers folds a delta (from Pack with PackOptions.Base) onto the base
+// layer it was made against and writes the equivalent full layer to w. The
+// delta's tar stream is spooled to a temporary file (it is the small one)
+// while its changes are collected; the base then streams through once,
+// minus what the delta replaces or removes, followed by the delta's
+// entries. Whiteouts the delta marks as removals are dropped; other
+// whiteouts are kept, as they may hide files of the image below.
+func MergeLayers(ctx context.Context, base, delta io.Reader, w io.Writer, opts MergeOptions) (*Manifest, error) {
+	if opts.MaxBytes <= 0 {
+		opts.MaxBytes = DefaultMaxBytes
+	}
+	spool, err := os.CreateTemp("", "sandgate-delta-*.tar")
+	if err != nil {
+		return nil, fmt.Errorf("merge: %w", err)
+	}
+	defer os.Remove(spool.Name())
+	defer spool.Close()
+	ds := &deltaSet{replaced: map[string]bool{}, nondirs: map[string]bool{}}
+	dr, err := openTar(delta, opts.MaxBytes)
+	if err != nil {
+		return nil, fmt.Errorf("merge: delta: %w", err)
+	}
+	sw := bufio.NewWriterSize(spool, 1<<20)
+	tw := tar.NewWriter(sw)
+	err = eachEntry(ctx, dr.tr, func(h *tar.Header, r io.Reader) error {
+		name, err := cleanEntryName(h.Name)
+		if err != nil {
+			return err
+		}
+		if target, opaque, ok, err := splitWhiteout(name); err != nil {
+			return err
+		} else if ok && opaque {
+			ds.opaque = append(ds.opaque, target)
+			ds.replaced[name] = true
+		} else if ok {
+			ds.hidden = append(ds.hidden, target)
+			ds.replaced[name] = true
+		} else {
+			ds.replaced[name] = true
+			if h.Typeflag != tar.TypeDir {
+				ds.nondirs[name] = true
+			}
+		}
+		return copyEntry(tw, h, r)
+	})
+	dr.close()
+	if err == nil {
+		err = tw.Close()
+	}
+	if err == nil {
+		err = sw.Flush()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("merge: delta: %w", err)
+	}
+
+	lw, err := newLayerWriter(w, opts.Compression, opts.Level)
+	if err != nil {
+		return nil, err
+	}
+	var entries int64
+	br, err := openTar(base, opts.MaxBytes)
+	if err != nil {
+		_, _ = lw.close(err, entries) // stops the compressor's goroutines
+		return nil, fmt.Errorf("merge: base: %w", err)
+	}
+	err = eachEntry(ctx, br.tr, func(h *tar.Header, r io.Reader) error {
+		name, err := cleanEntryName(h.Name)
+		if err != nil {
+			return err
+		}
+		key := name
+		if target, opaque, ok, _ := splitWhiteout(name); ok && !opaque {
+			key = target // a base whiteout goes if the delta writes that path
+			if ds.replaced[target] {
+				return nil
+			}
+		}
+		if ds.drops(key) || ds.drops(name) {
+			return nil
+		}
+		if h.Typeflag == tar.TypeLink {
+			if t, err := cleanEntryName(h.Linkname); err == nil && ds.drops(t) {
+				return refuse(h.Name, "hardlink to %q, which the delta replaces without rewriting this link", h.Linkname)
+			}
+		}
+		entries++
+		return copyEntry(lw.tw, h, r)
+	})
+	br.close()
+	if err != nil {
+		_, _ = lw.close(err, entries)
+		return nil, fmt.Errorf("merge: base: %w", err)
+	}
+	if _, err := spool.Seek(0, io.SeekStart); err != nil {
+		_, _ = lw.close(err, entries)
+		return nil, err
+	}
+	err = eachEntry(ctx, tar.NewReader(bufio.NewReaderSize(spool, 1<<20)), func(h *tar.Header, r io.Reader) error {
+		if h.PAXRecords[paxRemovedKey] == "1" {
+			return nil
+		}
+		entries++
+		return copyEntry(lw.tw, h, r)
+	})
+	m, err := lw.close(err, entries)
+	if err != nil {
+		return nil, fmt.Errorf("merge: %w", err)
+	}
+	return m, nil
+}
+
+// tarStream is a decompressing tar reader over a layer.
+type tarStream struct {
+	tr  *tar.Reader
+	dec io.Closer
+}
+
+func (t *tarStream) close() { t.dec.Close() }
+
+func openTar(r io.Reader, max int64) (*tarStream, error) {
+	dec, _, err := newDecompressor(bufio.NewReaderSize(r, 1<<20))
+	if err != nil {
+		return nil, err
+	}
+	return &tarStream{tr: tar.NewReader(&cappedReader{r: dec, max: max}), dec: dec}, nil
+}
+
+func eachEntry(ctx context.Context, tr *tar.Reader, fn func(*tar.Header, io.Reader) error) error {
+	for {
+		if err := ctx.Err(); err != nil {
+			return context.Cause(ctx)
+		}
+		h, err := tr.Next()
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if h.Typeflag == tar.TypeXGlobalHeader {
+			continue
+		}
+		if err := fn(h, tr); err != nil {
+			return err
+		}
+	}
+}
+
+func copyEntry(tw *tar.Writer, h *tar.Header, r io.Reader) error {
+	h.Format = tar.FormatPAX
+	if err := tw.WriteHeader(h); err != nil {
+		return fmt.Errorf("%s: %w", h.Name, err)
+	}
+	if h.Size > 0 {
+		if _, err := io.CopyN(tw, r, h.Size); err != nil {
+			return fmt.Errorf("%s: %w", h.Name, err)
+		}
+	}
+	return nil
+}

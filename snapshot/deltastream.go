@@ -1,0 +1,142 @@
+package snapshot
+
+import (
+	"archive/tar"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"path"
+)
+
+// PackDelta is Pack with PackOptions.Base for a layer that arrives as a
+// stream rather than a directory: the full layer read from full (any
+// compression, or none; for example what a sandbox CLI's `tar` verb wrote)
+// is filtered, in one pass, down to what differs from base, plus removal
+// whiteouts for base paths that are gone. Entries are compared with the
+// same quick check as Pack (type, mode, owner, size, mtime, link, xattrs),
+// so a stream whose tool drops sub-second mtimes yields a larger delta,
+// never a wrong one. opts.Base is ignored; opts.Index records the index of
+// the full tree.
+func PackDelta(ctx context.Context, base *Manifest, full io.Reader, w io.Writer, opts PackOptions) (*Manifest, error) {
+	if base == nil || len(base.Files) == 0 {
+		return nil, fmt.Errorf("delta: base manifest has no file index; pack the base with Index (--index)")
+	}
+	idx := make(map[string]FileInfo, len(base.Files))
+	for _, f := range base.Files {
+		idx[f.Path] = f
+	}
+	in, err := openTar(full, DefaultMaxBytes)
+	if err != nil {
+		return nil, fmt.Errorf("delta: %w", err)
+	}
+	defer in.close()
+	lw, err := newLayerWriter(w, opts.Compression, opts.Level)
+	if err != nil {
+		return nil, err
+	}
+	p := &packer{ctx: ctx, tw: lw.tw, tarHC: lw.tarHC, opts: opts, base: idx, seen: map[string]string{}, buf: make([]byte, 1<<20)}
+	forced := map[string]bool{}  // directories newly opaque: everything below is written
+	written := map[string]bool{} // paths written in full, for hardlinks to them
+	err = eachEntry(ctx, in.tr, func(h *tar.Header, r io.Reader) error {
+		fi, dir, err := streamInfo(h)
+		if err != nil {
+			return err
+		}
+		force := false
+		for q := fi.Path; ; q = path.Dir(q) {
+			if forced[q] {
+				force = true
+				break
+			}
+			if q == "." {
+				break
+			}
+		}
+		if fi.Type == "opaque" {
+			if _, ok := idx[fi.Path]; !ok {
+				forced[dir], force = true, true
+			}
+		}
+		if fi.Type == "hardlink" && written[fi.Link] {
+			force = true
+		}
+		p.seen[fi.Path] = fi.Type
+		if !force && p.unchanged(fi) {
+			if fi.Type == "file" {
+				fi.SHA256 = idx[fi.Path].SHA256
+			}
+			p.addIndex(fi)
+			return nil
+		}
+		h.Format = tar.FormatPAX
+		if err := p.tw.WriteHeader(h); err != nil {
+			return fmt.Errorf("%s: %w", h.Name, err)
+		}
+		p.entries++
+		written[fi.Path] = true
+		if h.Size > 0 {
+			sum := sha256.New()
+			if _, err := io.CopyBuffer(onlyWriter{io.MultiWriter(p.tw, sum)}, io.LimitReader(r, h.Size), p.buf); err != nil {
+				return fmt.Errorf("%s: %w", h.Name, err)
+			}
+			fi.SHA256 = hex.EncodeToString(sum.Sum(nil))
+		}
+		p.addIndex(fi)
+		return nil
+	})
+	if err == nil {
+		err = p.writeRemovals()
+	}
+	m, err := lw.close(err, p.entries)
+	if err != nil {
+		return nil, fmt.Errorf("delta: %w", err)
+	}
+	m.Parent, m.ImageID, m.SandboxID, m.Base = opts.Parent, opts.ImageID, opts.SandboxID, base.Digest
+	if opts.Index {
+		m.Files = p.index
+	}
+	return m, nil
+}
+
+// streamInfo is the index entry of a tar entry, keyed like Pack's: a
+// whiteout by the path it hides, an opaque marker by its own name (dir is
+// then the directory it marks).
+func streamInfo(h *tar.Header) (fi FileInfo, dir string, err error) {
+	name, err := cleanEntryName(h.Name)
+	if err != nil {
+		return FileInfo{}, "", err
+	}
+	x := paxXattrs(h.PAXRecords)
+	if target, opaque, ok, err := splitWhiteout(name); err != nil {
+		return FileInfo{}, "", err
+	} else if ok && opaque {
+		return FileInfo{Path: name, Type: "opaque"}, target, nil
+	} else if ok {
+		return infoOf(target, "whiteout", h, nil), "", nil
+	}
+	switch h.Typeflag {
+	case tar.TypeReg:
+		return infoOf(name, "file", h, x), "", nil
+	case tar.TypeDir:
+		return infoOf(name, "dir", h, x), "", nil
+	case tar.TypeSymlink:
+		return infoOf(name, "symlink", h, x), "", nil
+	case tar.TypeFifo:
+		return infoOf(name, "fifo", h, x), "", nil
+	case tar.TypeLink:
+		link, err := cleanEntryName(h.Linkname)
+		if err != nil {
+			return FileInfo{}, "", err
+		}
+		fi := infoOf(name, "hardlink", h, x)
+		fi.Link, fi.Size = link, 0
+		return fi, "", nil
+	case tar.TypeChar:
+		if h.Devmajor == 0 && h.Devminor == 0 {
+			return infoOf(name, "whiteout", h, nil), "", nil
+		}
+	}
+	return FileInfo{}, "", unsupported(h.Name, "entry type %q cannot be in a layer", h.Typeflag)
+}

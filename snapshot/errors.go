@@ -1,0 +1,40 @@
+package snapshot
+
+import (
+	"errors"
+	"fmt"
+)
+
+// ErrRefused is the category of every error about an archive entry that
+// extraction will not apply (traversal, device, setuid, size cap...). Test
+// with errors.Is; the concrete *EntryError names the entry.
+var ErrRefused = errors.New("refused")
+
+// ErrDigestMismatch reports that bytes did not hash to the digest they were
+// expected to have.
+var ErrDigestMismatch = errors.New("digest mismatch")
+
+// ErrUnsupported reports a source directory the packer cannot represent
+// faithfully (for example an overlay upper using redirect_dir or metacopy).
+var ErrUnsupported = errors.New("unsupported")
+
+// EntryError is an error about one archive entry or one source path.
+type EntryError struct {
+	Name   string // entry name as it appears in the archive or source tree
+	Reason string // what is wrong, for humans
+	Err    error  // category: ErrRefused, ErrUnsupported or an I/O error
+}
+
+func (e *EntryError) Error() string {
+	return fmt.Sprintf("entry %q: %s", e.Name, e.Reason)
+}
+
+func (e *EntryError) Unwrap() error { return e.Err }
+
+func refuse(name, format string, args ...any) error {
+	return &EntryError{Name: name, Reason: fmt.Sprintf(format, args...), Err: ErrRefused}
+}
+
+func unsupported(name, format string, args ...any) error {
+	return &EntryError{Name: name, Reason: fmt.Sprintf(format, args...), Err: ErrUnsupported}
+}

@@ -1,0 +1,272 @@
+package store
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path"
+	"slices"
+	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// digestXattr holds an object's sha256 on its file. It is set on the
+// temporary file before the rename, so object and digest appear together.
+const digestXattr = "user.sandgate.sha256"
+
+// Dir is a Store in a local directory: the embedded default. A put writes a
+// hidden temporary file beside the object, fsyncs it, records its digest,
+// then renames it into place (or links it, for IfNotExist, so an existing
+// object is never replaced) and fsyncs the directory. A crash at any moment
+// leaves the old object or the new one, never a partial one; stray
+// temporary files are hidden from List and Get.
+type Dir struct {
+	path string
+	root *os.Root
+}
+
+var _ Store = (*Dir)(nil)
+
+// NewDir opens (creating if needed) a directory store at dir.
+func NewDir(dir string) (*Dir, error) {
+	if dir == "" {
+		return nil, errors.New("dir store: empty path")
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("dir store: %w", err)
+	}
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return nil, fmt.Errorf("dir store: %w", err)
+	}
+	return &Dir{path: dir, root: root}, nil
+}
+
+// Close releases the directory.
+func (d *Dir) Close() error { return d.root.Close() }
+
+// Put implements Store.
+func (d *Dir) Put(ctx context.Context, name string, r io.Reader, opts PutOptions) (info Info, err error) {
+	if err := CheckName(name); err != nil {
+		return Info{}, err
+	}
+	dir, base := path.Split(name)
+	dir = strings.TrimSuffix(dir, "/")
+	if dir == "" {
+		dir = "."
+	}
+	if err := d.root.MkdirAll(dir, 0o755); err != nil {
+		return Info{}, fmt.Errorf("put %s: %w", name, err)
+	}
+	if opts.IfNotExist {
+		// Fail before reading a byte; the link below is what makes it atomic.
+		if _, err := d.root.Lstat(name); err == nil {
+			return Info{}, fmt.Errorf("put %s: exists: %w", name, ErrPreconditionFailed)
+		}
+	}
+	var rnd [8]byte
+	rand.Read(rnd[:])
+	tmp := path.Join(dir, ".tmp-"+base+"-"+hex.EncodeToString(rnd[:]))
+	f, err := d.root.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		return Info{}, fmt.Errorf("put %s: %w", name, err)
+	}
+	defer func() {
+		if f != nil {
+			f.Close()
+		}
+		if err != nil {
+			d.root.Remove(tmp)
+		}
+	}()
+	h := sha256.New()
+	var dst io.Writer = &writeback{f: f}
+	if opts.Digest == nil {
+		dst = io.MultiWriter(dst, h)
+	}
+	_, err = io.CopyBuffer(dst, ctxReader{ctx, r}, make([]byte, 1<<20))
+	if err != nil {
+		return Info{}, fmt.Errorf("put %s: %w", name, err)
+	}
+	if err := f.Sync(); err != nil {
+		return Info{}, fmt.Errorf("put %s: %w", name, err)
+	}
+	digest := "sha256:" + hex.EncodeToString(h.Sum(nil))
+	if opts.Digest != nil {
+		digest = opts.Digest()
+	}
+	if err := unix.Fsetxattr(int(f.Fd()), digestXattr, []byte(digest), 0); err != nil && !errors.Is(err, unix.ENOTSUP) {
+		return Info{}, fmt.Errorf("put %s: record digest: %w", name, err)
+	}
+	if err := f.Close(); err != nil {
+		f = nil
+		return Info{}, fmt.Errorf("put %s: %w", name, err)
+	}
+	f = nil
+	if err := ctx.Err(); err != nil {
+		return Info{}, fmt.Errorf("put %s: %w", name, err)
+	}
+	if opts.IfNotExist {
+		// link(2) fails if name exists: an atomic "create if absent".
+		if err := d.root.Link(tmp, name); err != nil {
+			if errors.Is(err, fs.ErrExist) {
+				return Info{}, fmt.Errorf("put %s: exists: %w", name, ErrPreconditionFailed)
+			}
+			return Info{}, fmt.Errorf("put %s: %w", name, err)
+		}
+		d.root.Remove(tmp)
+	} else if err := d.root.Rename(tmp, name); err != nil {
+		return Info{}, fmt.Errorf("put %s: %w", name, err)
+	}
+	if err := d.syncDir(dir); err != nil {
+		return Info{}, fmt.Errorf("put %s: sync dir: %w", name, err)
+	}
+	return d.Stat(ctx, name)
+}
+
+// writeback writes to f and starts writing each written 8 MiB back to disk
+// at once (sync_file_range), so the fsync at the end of a put has little
+// left to do and big puts do not stall on it.
+type writeback struct {
+	f       *os.File
+	off     int64
+	flushed int64
+}
+
+func (w *writeback) Write(p []byte) (int, error) {
+	n, err := w.f.Write(p)
+	w.off += int64(n)
+	if w.off-w.flushed >= 8<<20 {
+		unix.SyncFileRange(int(w.f.Fd()), w.flushed, w.off-w.flushed, unix.SYNC_FILE_RANGE_WRITE)
+		w.flushed = w.off
+	}
+	return n, err
+}
+
+func (d *Dir) syncDir(dir string) error {
+	f, err := d.root.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return f.Sync()
+}
+
+// Get implements Store.
+func (d *Dir) Get(ctx context.Context, name string) (io.ReadCloser, error) {
+	if err := CheckName(name); err != nil {
+		return nil, err
+	}
+	f, err := d.root.OpenFile(name, os.O_RDONLY|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return nil, d.mapErr("get", name, err)
+	}
+	info, err := d.statFile(name, f)
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return newVerifyingReader(f, name, info.Size, info.Digest, nil), nil
+}
+
+func (d *Dir) statFile(name string, f *os.File) (Info, error) {
+	st, err := f.Stat()
+	if err != nil {
+		return Info{}, d.mapErr("stat", name, err)
+	}
+	if !st.Mode().IsRegular() {
+		return Info{}, fmt.Errorf("stat %s: %w", name, ErrNotFound)
+	}
+	info := Info{Name: name, Size: st.Size(), Modified: st.ModTime()}
+	buf := make([]byte, 128)
+	if n, err := unix.Fgetxattr(int(f.Fd()), digestXattr, buf); err == nil {
+		info.Digest = string(buf[:n])
+	}
+	return info, nil
+}
+
+// Stat implements Store.
+func (d *Dir) Stat(ctx context.Context, name string) (Info, error) {
+	if err := CheckName(name); err != nil {
+		return Info{}, err
+	}
+	f, err := d.root.OpenFile(name, os.O_RDONLY|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return Info{}, d.mapErr("stat", name, err)
+	}
+	defer f.Close()
+	return d.statFile(name, f)
+}
+
+// Delete implements Store.
+func (d *Dir) Delete(ctx context.Context, name string) error {
+	if err := CheckName(name); err != nil {
+		return err
+	}
+	st, err := d.root.Lstat(name)
+	if err != nil {
+		return d.mapErr("delete", name, err)
+	}
+	if st.IsDir() {
+		return fmt.Errorf("delete %s: %w", name, ErrNotFound)
+	}
+	if err := d.root.Remove(name); err != nil {
+		return d.mapErr("delete", name, err)
+	}
+	dir := path.Dir(name)
+	return d.syncDir(dir)
+}
+
+// List implements Store.
+func (d *Dir) List(ctx context.Context, prefix string) ([]Info, error) {
+	var out []Info
+	start := "."
+	if i := strings.LastIndex(prefix, "/"); i > 0 {
+		start = prefix[:i]
+	}
+	err := fs.WalkDir(d.root.FS(), start, func(p string, e fs.DirEntry, err error) error {
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) && p == start {
+				return fs.SkipAll
+			}
+			return err
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if p != "." && strings.HasPrefix(e.Name(), ".") {
+			if e.IsDir() {
+				return fs.SkipDir
+			}
+			return nil
+		}
+		if e.Type().IsRegular() && strings.HasPrefix(p, prefix) {
+			info, err := d.Stat(ctx, p)
+			if err != nil {
+				return err
+			}
+			out = append(out, info)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list %q: %w", prefix, err)
+	}
+	slices.SortFunc(out, func(a, b Info) int { return strings.Compare(a.Name, b.Name) })
+	return out, nil
+}
+
+func (d *Dir) mapErr(op, name string, err error) error {
+	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR) || errors.Is(err, syscall.ELOOP) {
+		return fmt.Errorf("%s %s: %w", op, name, ErrNotFound)
+	}
+	return fmt.Errorf("%s %s: %w", op, name, err)
+}

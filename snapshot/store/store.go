@@ -1,0 +1,119 @@
+// Package store keeps layer objects: a local directory (the embedded
+// default) or a Cloud Storage bucket, behind one interface with atomic,
+// conditional puts and digest-verified gets.
+//
+// An object's sha256 is computed while it is put and recorded with it (an
+// extended attribute for Dir, object metadata for GCS). Get returns a
+// reader that checks it at EOF and returns ErrDigestMismatch instead of
+// io.EOF when the bytes do not match: a corrupted object is never served
+// as if it were good.
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/url"
+	"strings"
+	"time"
+)
+
+// Store keeps named objects. Names are slash-separated relative paths such
+// as "snapshots/sb-1.tar.zst"; components must not be empty, ".", ".." or
+// start with "." (those are reserved for temporary files).
+type Store interface {
+	// Put streams r into the object name. It becomes visible only when
+	// complete; an interrupted Put leaves the previous object (or none).
+	Put(ctx context.Context, name string, r io.Reader, opts PutOptions) (Info, error)
+	// Get streams the object. The reader verifies the recorded digest at
+	// EOF. A missing object is ErrNotFound.
+	Get(ctx context.Context, name string) (io.ReadCloser, error)
+	// Stat describes the object, or returns ErrNotFound.
+	Stat(ctx context.Context, name string) (Info, error)
+	// Delete removes the object, or returns ErrNotFound.
+	Delete(ctx context.Context, name string) error
+	// List returns the objects whose names start with prefix, sorted.
+	List(ctx context.Context, prefix string) ([]Info, error)
+	// Close releases the store's resources.
+	Close() error
+}
+
+// PutOptions are the preconditions of a Put. The zero value replaces any
+// existing object.
+type PutOptions struct {
+	// IfNotExist makes Put fail with ErrPreconditionFailed if the object
+	// already exists ("must not exist").
+	IfNotExist bool
+	// Digest, when set, is called once r has returned io.EOF and must
+	// return the sha256 ("sha256:<hex>") of exactly the bytes r yielded.
+	// Callers that hash the stream anyway (snapshot.Pack does) set it to
+	// spare the store a second pass of hashing; the store records it as
+	// the object's digest.
+	Digest func() string
+}
+
+// Info describes a stored object.
+type Info struct {
+	Name     string
+	Size     int64
+	Digest   string // "sha256:<hex>", or "" if none was recorded
+	Modified time.Time
+	// Generation identifies this version of the object (GCS only; 0 for Dir).
+	Generation int64
+}
+
+var (
+	// ErrNotFound reports a missing object.
+	ErrNotFound = errors.New("object not found")
+	// ErrPreconditionFailed reports a Put whose precondition did not hold.
+	ErrPreconditionFailed = errors.New("precondition failed")
+	// ErrDigestMismatch reports stored bytes that do not match their
+	// recorded digest, size or checksum.
+	ErrDigestMismatch = errors.New("object digest mismatch")
+	// ErrBadName reports a name the stores refuse.
+	ErrBadName = errors.New("bad object name")
+)
+
+// CheckName validates an object name (see Store).
+func CheckName(name string) error {
+	if name == "" || len(name) > 1024 {
+		return fmt.Errorf("%w: %q: want 1..1024 bytes", ErrBadName, name)
+	}
+	if strings.HasPrefix(name, "/") || strings.HasSuffix(name, "/") {
+		return fmt.Errorf("%w: %q: no leading or trailing slash", ErrBadName, name)
+	}
+	for _, c := range strings.Split(name, "/") {
+		if c == "" || strings.HasPrefix(c, ".") || strings.ContainsAny(c, "\x00\n\r") {
+			return fmt.Errorf("%w: %q: components must be non-empty and not start with '.'", ErrBadName, name)
+		}
+	}
+	return nil
+}
+
+// Open opens the store named by a URL: file:///var/lib/sandgate/store (a
+// directory, created if missing) or gs://bucket/prefix (Cloud Storage with
+// the default credentials).
+func Open(ctx context.Context, rawURL string) (Store, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return nil, fmt.Errorf("store URL %q: %w", rawURL, err)
+	}
+	switch u.Scheme {
+	case "file":
+		if u.Host != "" && u.Host != "localhost" {
+			return nil, fmt.Errorf("store URL %q: file URLs take no host; write file:///path", rawURL)
+		}
+		return NewDir(u.Path)
+	case "gs":
+		if u.Host == "" {
+			return nil, fmt.Errorf("store URL %q: want gs://bucket[/prefix]", rawURL)
+		}
+		return OpenGCS(ctx, u.Host, strings.Trim(u.Path, "/"))
+	}
+	return nil, fmt.Errorf("store URL %q: scheme must be file or gs", rawURL)
+}
+
+// BucketURL is the store URL for the SNAPSHOT_BUCKET setting, which names a
+// bucket.
+func BucketURL(bucket string) string { return "gs://" + bucket }

@@ -1,0 +1,322 @@
+package store_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/fsouza/fake-gcs-server/fakestorage"
+	"github.com/sandgate/sandgate/internal/gcstest"
+	"github.com/sandgate/sandgate/snapshot/store"
+)
+
+// harness is one store under test plus a way to damage an object behind
+// its back.
+type harness struct {
+	s       store.Store
+	corrupt func(t *testing.T, name string, data []byte) // replace content, keep recorded digest
+	scan    func(t *testing.T) []string                  // every raw name in the backing storage
+}
+
+func dirHarness(t *testing.T) harness {
+	dir := t.TempDir()
+	s, err := store.NewDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return harness{
+		s: s,
+		corrupt: func(t *testing.T, name string, data []byte) {
+			// Overwrite in place: the digest xattr stays.
+			f, err := os.OpenFile(filepath.Join(dir, name), os.O_WRONLY|os.O_TRUNC, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			f.Write(data)
+			f.Close()
+		},
+		scan: func(t *testing.T) []string {
+			var out []string
+			filepath.Walk(dir, func(p string, info os.FileInfo, err error) error {
+				if err == nil && !info.IsDir() {
+					rel, _ := filepath.Rel(dir, p)
+					out = append(out, rel)
+				}
+				return nil
+			})
+			return out
+		},
+	}
+}
+
+func gcsHarness(t *testing.T) harness {
+	srv, client := gcstest.Start(t, "layers")
+	s := store.NewGCS(client, "layers", "pfx")
+	return harness{
+		s: s,
+		corrupt: func(t *testing.T, name string, data []byte) {
+			obj, err := srv.GetObject("layers", "pfx/"+name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			srv.CreateObject(fakestorage.Object{
+				ObjectAttrs: fakestorage.ObjectAttrs{BucketName: "layers", Name: "pfx/" + name, Metadata: obj.Metadata},
+				Content:     data,
+			})
+		},
+		scan: func(t *testing.T) []string {
+			objs, _, err := srv.ListObjectsWithOptions("layers", fakestorage.ListOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var out []string
+			for _, o := range objs {
+				out = append(out, o.Name)
+			}
+			return out
+		},
+	}
+}
+
+func TestDir(t *testing.T) { runContract(t, dirHarness) }
+func TestGCS(t *testing.T) { runContract(t, gcsHarness) }
+
+// failingReader yields n bytes then fails, like a pack that died midway.
+type failingReader struct{ n int }
+
+var errBoom = errors.New("source died")
+
+func (f *failingReader) Read(p []byte) (int, error) {
+	if f.n <= 0 {
+		return 0, errBoom
+	}
+	k := min(len(p), f.n)
+	for i := range p[:k] {
+		p[i] = 'z'
+	}
+	f.n -= k
+	return k, nil
+}
+
+func readAll(t *testing.T, s store.Store, name string) ([]byte, error) {
+	t.Helper()
+	rc, err := s.Get(context.Background(), name)
+	if err != nil {
+		return nil, err
+	}
+	defer rc.Close()
+	return io.ReadAll(rc)
+}
+
+func runContract(t *testing.T, mk func(t *testing.T) harness) {
+	ctx := context.Background()
+	payload := bytes.Repeat([]byte("layer bytes "), 300_000) // ~3.6 MB
+
+	t.Run("PutGetStatListDelete", func(t *testing.T) {
+		h := mk(t)
+		info, err := h.s.Put(ctx, "snapshots/a.tar.zst", bytes.NewReader(payload), store.PutOptions{IfNotExist: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.Size != int64(len(payload)) || !strings.HasPrefix(info.Digest, "sha256:") {
+			t.Fatalf("info %+v", info)
+		}
+		got, err := readAll(t, h.s, "snapshots/a.tar.zst")
+		if err != nil || !bytes.Equal(got, payload) {
+			t.Fatalf("get: %v (%d bytes)", err, len(got))
+		}
+		h.s.Put(ctx, "templates/img/d1.tar.zst", strings.NewReader("t"), store.PutOptions{})
+		list, err := h.s.List(ctx, "snapshots/")
+		if err != nil || len(list) != 1 || list[0].Name != "snapshots/a.tar.zst" {
+			t.Fatalf("list snapshots/: %v %+v", err, list)
+		}
+		all, _ := h.s.List(ctx, "")
+		if len(all) != 2 {
+			t.Fatalf("list all: %+v", all)
+		}
+		if err := h.s.Delete(ctx, "snapshots/a.tar.zst"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := h.s.Stat(ctx, "snapshots/a.tar.zst"); !errors.Is(err, store.ErrNotFound) {
+			t.Fatalf("stat after delete: %v, want ErrNotFound", err)
+		}
+		if err := h.s.Delete(ctx, "snapshots/a.tar.zst"); !errors.Is(err, store.ErrNotFound) {
+			t.Fatalf("second delete: %v, want ErrNotFound", err)
+		}
+		if _, err := h.s.Get(ctx, "nope"); !errors.Is(err, store.ErrNotFound) {
+			t.Fatalf("get missing: %v, want ErrNotFound", err)
+		}
+	})
+
+	t.Run("ConflictingPutIsTyped", func(t *testing.T) {
+		h := mk(t)
+		if _, err := h.s.Put(ctx, "x", strings.NewReader("first"), store.PutOptions{IfNotExist: true}); err != nil {
+			t.Fatal(err)
+		}
+		_, err := h.s.Put(ctx, "x", strings.NewReader("second"), store.PutOptions{IfNotExist: true})
+		if !errors.Is(err, store.ErrPreconditionFailed) {
+			t.Fatalf("got %v, want ErrPreconditionFailed", err)
+		}
+		if got, _ := readAll(t, h.s, "x"); string(got) != "first" {
+			t.Fatalf("object is %q after refused put", got)
+		}
+		if _, err := h.s.Put(ctx, "x", strings.NewReader("replaced"), store.PutOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := readAll(t, h.s, "x"); err != nil || string(got) != "replaced" {
+			t.Fatalf("after replace: %q %v", got, err)
+		}
+	})
+
+	t.Run("RacingIfNotExistPutsOneWins", func(t *testing.T) {
+		// The first put is past any early check when the second lands;
+		// only the atomic create (link / DoesNotExist) can refuse it.
+		h := mk(t)
+		gate, started := make(chan struct{}), make(chan struct{})
+		done := make(chan error, 1)
+		go func() {
+			first := true
+			r := readerFunc(func(p []byte) (int, error) {
+				if first {
+					first = false
+					close(started)
+					return copy(p, "slow "), nil
+				}
+				<-gate
+				return 0, io.EOF
+			})
+			_, err := h.s.Put(ctx, "race", r, store.PutOptions{IfNotExist: true})
+			done <- err
+		}()
+		<-started
+		if _, err := h.s.Put(ctx, "race", strings.NewReader("fast"), store.PutOptions{IfNotExist: true}); err != nil {
+			t.Fatal(err)
+		}
+		close(gate)
+		if err := <-done; !errors.Is(err, store.ErrPreconditionFailed) {
+			t.Fatalf("losing put: %v, want ErrPreconditionFailed", err)
+		}
+		if got, _ := readAll(t, h.s, "race"); string(got) != "fast" {
+			t.Fatalf("object is %q, want the winner's", got)
+		}
+	})
+
+	t.Run("InterruptedPutLeavesNothingVisible", func(t *testing.T) {
+		h := mk(t)
+		_, err := h.s.Put(ctx, "snapshots/new.tar.zst", &failingReader{n: 3 << 20}, store.PutOptions{IfNotExist: true})
+		if !errors.Is(err, errBoom) {
+			t.Fatalf("got %v, want the source's error", err)
+		}
+		if _, err := h.s.Stat(ctx, "snapshots/new.tar.zst"); !errors.Is(err, store.ErrNotFound) {
+			t.Fatalf("stat: %v, want ErrNotFound", err)
+		}
+		if list, _ := h.s.List(ctx, ""); len(list) != 0 {
+			t.Fatalf("list shows %+v", list)
+		}
+		if raw := h.scan(t); len(raw) != 0 {
+			t.Fatalf("backing storage holds %v", raw)
+		}
+	})
+
+	t.Run("InterruptedReplaceKeepsOld", func(t *testing.T) {
+		h := mk(t)
+		h.s.Put(ctx, "o", strings.NewReader("old"), store.PutOptions{})
+		cctx, cancel := context.WithCancel(ctx)
+		r := io.MultiReader(strings.NewReader("new new new"), readerFunc(func([]byte) (int, error) {
+			cancel()
+			return 0, context.Canceled
+		}))
+		if _, err := h.s.Put(cctx, "o", r, store.PutOptions{}); err == nil {
+			t.Fatal("put succeeded")
+		}
+		if got, err := readAll(t, h.s, "o"); err != nil || string(got) != "old" {
+			t.Fatalf("got %q %v, want the old object", got, err)
+		}
+	})
+
+	t.Run("CorruptedObjectFailsDigest", func(t *testing.T) {
+		h := mk(t)
+		if _, err := h.s.Put(ctx, "c", bytes.NewReader(payload), store.PutOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		bad := bytes.Clone(payload)
+		bad[len(bad)/2] ^= 0xff
+		h.corrupt(t, "c", bad)
+		_, err := readAll(t, h.s, "c")
+		if !errors.Is(err, store.ErrDigestMismatch) {
+			t.Fatalf("read corrupted object: %v, want ErrDigestMismatch", err)
+		}
+		h.corrupt(t, "c", payload[:100])
+		if _, err := readAll(t, h.s, "c"); !errors.Is(err, store.ErrDigestMismatch) {
+			t.Fatalf("read truncated object: %v, want ErrDigestMismatch", err)
+		}
+	})
+
+	t.Run("CallerDigestIsRecordedAndChecked", func(t *testing.T) {
+		h := mk(t)
+		good := "sha256:a40e4c6ee0b2bdfff6350d42ec04e8a1fb8b1c9b2c2a6b08e4ac6ef5e4f30bc2"
+		info, err := h.s.Put(ctx, "d", strings.NewReader("payload"), store.PutOptions{Digest: func() string { return good }})
+		if err != nil || info.Digest != good {
+			t.Fatalf("put: %+v %v", info, err)
+		}
+		// The digest above is not that of "payload": Get must say so.
+		if _, err := readAll(t, h.s, "d"); !errors.Is(err, store.ErrDigestMismatch) {
+			t.Fatalf("read with a wrong caller digest: %v, want ErrDigestMismatch", err)
+		}
+	})
+
+	t.Run("BadNames", func(t *testing.T) {
+		h := mk(t)
+		for _, n := range []string{"", "/abs", "a/../b", "a//b", ".hidden", "a/.tmp-x", "dir/"} {
+			if _, err := h.s.Put(ctx, n, strings.NewReader("x"), store.PutOptions{}); !errors.Is(err, store.ErrBadName) {
+				t.Errorf("put %q: %v, want ErrBadName", n, err)
+			}
+		}
+	})
+}
+
+type readerFunc func([]byte) (int, error)
+
+func (f readerFunc) Read(p []byte) (int, error) { return f(p) }
+
+// TestDirCrashLeftovers simulates a crash after the temporary file was
+// written but before the rename: the leftover is invisible.
+func TestDirCrashLeftovers(t *testing.T) {
+	dir := t.TempDir()
+	s, err := store.NewDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	os.MkdirAll(filepath.Join(dir, "snapshots"), 0o755)
+	os.WriteFile(filepath.Join(dir, "snapshots", ".tmp-a.tar.zst-0123"), []byte("half"), 0o644)
+	if list, _ := s.List(context.Background(), ""); len(list) != 0 {
+		t.Fatalf("list shows %+v", list)
+	}
+	if _, err := s.Stat(context.Background(), "snapshots/a.tar.zst"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("stat: %v", err)
+	}
+}
+
+func TestOpen(t *testing.T) {
+	dir := t.TempDir()
+	s, err := store.Open(context.Background(), "file://"+dir+"/st")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	if _, ok := s.(*store.Dir); !ok {
+		t.Fatalf("file URL opened %T", s)
+	}
+	for _, bad := range []string{"http://x/y", "gs:///nobucket", "file://host/path", "::"} {
+		if _, err := store.Open(context.Background(), bad); err == nil {
+			t.Errorf("Open(%q) succeeded", bad)
+		}
+	}
+}
