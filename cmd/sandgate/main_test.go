@@ -38,6 +38,7 @@ func TestPolicyCheck(t *testing.T) {
 	}{
 		{[]string{"--dns", d.Addr, "--allow", "api.example.com", "api.example.com"}, 0, "allow: api.example.com matched allowed host rule api.example.com (93.184.216.34)\n"},
 		{[]string{"--dns", d.Addr, "--allow", "api.example.com", "api.example.com:443"}, 0, "allow: "},
+		{[]string{"api.example.com", "--dns", d.Addr, "--allow", "api.example.com"}, 0, "allow: "},
 		{[]string{"--dns", d.Addr, "--allow", "api.example.com", "api.example.com:22"}, 3, "deny: port 22 is not allowed: HTTPS (443) only\n"},
 		{[]string{"--dns", d.Addr, "other.example.com"}, 3, "deny: no allowedHosts rule matches other.example.com\n"},
 		{[]string{"--dns", d.Addr, "--policy", pol, "private.example.com"}, 3, "deny: private.example.com resolves only to private addresses (10.0.0.5)\n"},

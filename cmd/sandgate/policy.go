@@ -31,10 +31,14 @@ exits 3. Bad input exits 2.`,
 }
 
 func runPolicyCheck(c *cli.Context) error {
-	if c.NArg() != 1 {
-		return badInput("policy check takes one HOST[:PORT], got %d arguments", c.NArg())
+	args, err := interspersed(c)
+	if err != nil {
+		return err
 	}
-	host, port, err := netpolicy.SplitHostPort(c.Args().First())
+	if len(args) != 1 {
+		return badInput("policy check takes one HOST[:PORT], got %d arguments", len(args))
+	}
+	host, port, err := netpolicy.SplitHostPort(args[0])
 	if err != nil {
 		return badInput("%v", err)
 	}

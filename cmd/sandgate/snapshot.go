@@ -10,7 +10,6 @@ import (
 	"os"
 	"path"
 	"path/filepath"
-	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -71,48 +70,6 @@ an existing one is merged into. A refused layer changes nothing.`,
 			Action:       runSnapshotInspect,
 		}},
 	}
-}
-
-// interspersed applies flags written after the positional arguments
-// ("unpack FILE --into DIR"), which urfave/cli v2 leaves in Args, and
-// returns the positional arguments.
-func interspersed(c *cli.Context) ([]string, error) {
-	var pos []string
-	args := c.Args().Slice()
-	for i := 0; i < len(args); i++ {
-		a := args[i]
-		if a == "--" {
-			return append(pos, args[i+1:]...), nil
-		}
-		if !strings.HasPrefix(a, "-") || a == "-" {
-			pos = append(pos, a)
-			continue
-		}
-		name, value, hasValue := strings.Cut(strings.TrimLeft(a, "-"), "=")
-		var flag cli.Flag
-		for _, f := range c.Command.Flags {
-			if slices.Contains(f.Names(), name) {
-				flag = f
-			}
-		}
-		if flag == nil {
-			return nil, badInput("flag provided but not defined: %s (see '%s --help')", a, c.Command.HelpName)
-		}
-		if _, isBool := flag.(*cli.BoolFlag); isBool && !hasValue {
-			value, hasValue = "true", true
-		}
-		if !hasValue {
-			if i+1 >= len(args) {
-				return nil, badInput("flag needs an argument: %s", a)
-			}
-			i++
-			value = args[i]
-		}
-		if err := c.Set(name, value); err != nil {
-			return nil, badInput("%s: %v", a, err)
-		}
-	}
-	return pos, nil
 }
 
 // openLocation splits a layer location into a store and an object name:
