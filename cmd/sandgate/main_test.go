@@ -65,6 +65,14 @@ func TestPolicyCheck(t *testing.T) {
 	}
 }
 
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binPath != "" {
+		os.RemoveAll(filepath.Dir(binPath))
+	}
+	os.Exit(code)
+}
+
 var (
 	buildOnce sync.Once
 	binPath   string
