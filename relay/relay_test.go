@@ -731,3 +731,52 @@ func TestGracefulStop(t *testing.T) {
 		t.Errorf("the listener still accepts after stop")
 	}
 }
+
+// TestRouteStreamsRequestBody: a request body the sandbox streams reaches
+// the upstream piece by piece, not when the sandbox has finished sending.
+func TestRouteStreamsRequestBody(t *testing.T) {
+	e := newEnv(t, `{"mode":"custom","allowedHosts":["api.example.com"]}`, "")
+	got := make(chan string, 4)
+	e.upstream("api.example.com", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		buf := make([]byte, 64)
+		for {
+			n, err := r.Body.Read(buf)
+			if n > 0 {
+				got <- string(buf[:n])
+			}
+			if err != nil {
+				break
+			}
+		}
+		io.WriteString(w, "ok")
+	}))
+	pr, pw := io.Pipe()
+	req, _ := http.NewRequest("POST", e.routeURL("api.example.com/upload"), pr)
+	done := make(chan *http.Response, 1)
+	go func() {
+		resp, err := e.routeClient().Do(req)
+		if err != nil {
+			t.Error(err)
+			close(done)
+			return
+		}
+		done <- resp
+	}()
+	for _, part := range []string{"part one", "part two"} {
+		pw.Write([]byte(part))
+		select {
+		case g := <-got:
+			if g != part {
+				t.Errorf("upstream read %q, want %q", g, part)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%q did not reach the upstream before the body ended", part)
+		}
+	}
+	pw.Close()
+	if resp := <-done; resp != nil {
+		if b := body(t, resp); b != "ok" {
+			t.Errorf("got %q", b)
+		}
+	}
+}

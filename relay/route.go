@@ -244,6 +244,9 @@ func (cc *clientConn) writeResponse(req *http.Request, resp *http.Response, clos
 		return 0, err
 	}
 	if bodyless {
+		// The body is empty by protocol; reading its EOF lets the upstream
+		// connection go back to the pool.
+		io.Copy(io.Discard, resp.Body)
 		return 0, cc.bw.Flush()
 	}
 	bp := respBufs.Get().(*[]byte)

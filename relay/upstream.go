@@ -187,6 +187,8 @@ func (u *upstreamPool) exchange(ctx context.Context, out *http.Request, host str
 		}
 		return nil, err
 	}
+	// Given a *bufio.Writer, net/http flushes after each chunk of a body of
+	// unknown length, so a request body the sandbox streams is not held back.
 	if err := out.Write(c.bw); err != nil {
 		return fail(err)
 	}

@@ -53,8 +53,17 @@ func TestUpstreamConnectionReuse(t *testing.T) {
 			t.Fatalf("request %d: %d %q", i, code, b)
 		}
 	}
+	// A response without a body (HEAD) leaves its connection reusable too.
+	resp, err := e.routeClient().Head(e.routeURL("api.example.com/head"))
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("HEAD: %v %v", resp, err)
+	}
+	body(t, resp)
+	if code, _ := e.get(t, "api.example.com/3"); code != 200 {
+		t.Fatalf("after HEAD: %d", code)
+	}
 	if n := ra.conns(); n != 1 {
-		t.Errorf("3 sequential requests used %d upstream connections, want 1 kept alive", n)
+		t.Errorf("5 sequential requests used %d upstream connections, want 1 kept alive", n)
 	}
 	// The upstream drops its idle connections: the next request retries on
 	// a fresh one instead of failing.
