@@ -75,6 +75,12 @@ func asError(err error) *Error {
 	if isTimeout(err) {
 		return &Error{Status: http.StatusGatewayTimeout, Code: CodeUpstreamTimout, Reason: "upstream did not answer in time", Err: err}
 	}
+	var pe *protocolError
+	if errors.As(err, &pe) {
+		// Parser errors quote what the upstream sent; keep them out of
+		// what the sandbox and the logs see.
+		return &Error{Status: http.StatusBadGateway, Code: CodeUpstream, Reason: "upstream sent a malformed HTTP response"}
+	}
 	return &Error{Status: http.StatusBadGateway, Code: CodeUpstream, Reason: "upstream failed", Err: err}
 }
 
@@ -121,3 +127,10 @@ func headerSafe(s string) string {
 }
 
 var errConnReset = syscall.ECONNRESET
+
+// protocolError marks an upstream response that could not be parsed. Its
+// message is never shown: net/http's parser quotes the offending bytes.
+type protocolError struct{ err error }
+
+func (e *protocolError) Error() string { return "malformed upstream response" }
+func (e *protocolError) Unwrap() error { return e.err }

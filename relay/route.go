@@ -28,10 +28,16 @@ func (cc *clientConn) route(ctx context.Context, req *http.Request, t target) bo
 	start := time.Now()
 	ev := audit.Event{Sandbox: cc.sb.id, Kind: audit.Route, Host: t.host, Port: t.port, Method: req.Method, Path: pathOnly(t.rest)}
 	body := &countingBody{r: req.Body}
-	keep, err := cc.forward(ctx, req, t, &ev, body)
+	var applied transforms.Applied
+	keep, err := cc.forward(ctx, req, t, &ev, body, &applied)
 	ev.BytesIn, ev.Duration = body.n.Load(), time.Since(start)
 	if err != nil {
 		e := asError(err)
+		if len(applied.Secrets) > 0 {
+			// An error may quote what the upstream sent (a parser error
+			// does), and the upstream may have echoed the secret.
+			e = &Error{Status: e.Status, Code: e.Code, Reason: applied.ScrubString(e.Error()), RetryAfter: e.RetryAfter}
+		}
 		ev.Status = e.Status
 		if ev.Allow { // the policy allowed; something after it failed
 			ev.Error = e.Error()
@@ -40,13 +46,14 @@ func (cc *clientConn) route(ctx context.Context, req *http.Request, t target) bo
 		cc.writeError(e, true)
 		return false
 	}
+	ev.Error = applied.ScrubString(ev.Error)
 	cc.p.record(ev)
 	return keep && (req.ContentLength == 0 || body.eof.Load())
 }
 
 // forward does the work of route; ev is filled as it goes. An error means
 // nothing has been written to the sandbox yet.
-func (cc *clientConn) forward(ctx context.Context, req *http.Request, t target, ev *audit.Event, body *countingBody) (bool, error) {
+func (cc *clientConn) forward(ctx context.Context, req *http.Request, t target, ev *audit.Event, body *countingBody, applied *transforms.Applied) (bool, error) {
 	dec, err := cc.p.cfg.Decider.Decide(ctx, netpolicy.DecideArgs{Policy: cc.sb.Policy(), Host: t.host, Port: t.port})
 	fillDecision(ev, dec)
 	if err != nil {
@@ -61,7 +68,7 @@ func (cc *clientConn) forward(ctx context.Context, req *http.Request, t target, 
 	if err != nil {
 		return false, err
 	}
-	applied := cc.sb.transforms.Apply(out)
+	*applied = cc.sb.transforms.Apply(out)
 	ev.Transforms = applied.Rules
 
 	if strings.EqualFold(req.Header.Get("Expect"), "100-continue") && req.ContentLength != 0 {
@@ -77,7 +84,7 @@ func (cc *clientConn) forward(ctx context.Context, req *http.Request, t target, 
 	}
 	defer resp.Body.Close()
 	if len(applied.Secrets) > 0 {
-		if err := scrub(resp, applied); err != nil {
+		if err := scrub(resp, *applied); err != nil {
 			return false, err
 		}
 	}

@@ -200,7 +200,10 @@ func (u *upstreamPool) exchange(ctx context.Context, out *http.Request, host str
 	for {
 		r, err := http.ReadResponse(c.br, out)
 		if err != nil {
-			return fail(err)
+			if isStale(err) || isTimeout(err) || ctx.Err() != nil {
+				return fail(err)
+			}
+			return fail(&protocolError{err})
 		}
 		c.reused = false // the upstream answered: no retry from here on
 		if r.StatusCode >= 200 || r.StatusCode == http.StatusSwitchingProtocols {

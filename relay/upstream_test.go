@@ -1,10 +1,13 @@
 package relay
 
 import (
+	"bufio"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"net/http"
 	"net/netip"
+	"strings"
 	"sync"
 	"testing"
 
@@ -148,3 +151,52 @@ type discardWriter struct{ h http.Header }
 func (d discardWriter) Header() http.Header         { return d.h }
 func (d discardWriter) Write(p []byte) (int, error) { return len(p), nil }
 func (d discardWriter) WriteHeader(int)             {}
+
+// TestMalformedUpstreamResponseDoesNotLeakSecret: a response head the proxy
+// cannot parse, echoing the secret, must not reach the sandbox, the audit
+// event or the logs (net/http's parser errors quote the bytes they choke on).
+func TestMalformedUpstreamResponseDoesNotLeakSecret(t *testing.T) {
+	rules := `[{"match":{"host":"api.example.com"},"transform":{"headers":{"x-api-key":{"env":"CANARY_KEY"}}}}]`
+	e := newEnv(t, `{"mode":"custom","allowedHosts":["api.example.com"]}`, rules)
+	leaf, err := e.ca.Leaf("api.example.com")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln := tlstest.Listen443(t)
+	t.Cleanup(func() { ln.Close() })
+	tln := tls.NewListener(ln, &tls.Config{Certificates: []tls.Certificate{leaf}})
+	go func() {
+		for {
+			c, err := tln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				req, err := http.ReadRequest(bufio.NewReader(c))
+				if err != nil {
+					return
+				}
+				// An upstream that echoes the key in a header line it gets wrong.
+				fmt.Fprintf(c, "HTTP/1.1 401 Unauthorized\r\nInvalid key %s\r\n\r\n", req.Header.Get("X-Api-Key"))
+			}()
+		}
+	}()
+	a := netip.MustParseAddrPort(ln.Addr().String()).Addr()
+	e.dns.Set("api.example.com", a)
+	e.decider.AllowPrivate = append(e.decider.AllowPrivate, netip.PrefixFrom(a, 32))
+
+	c, br := e.dial()
+	io.WriteString(c, "GET /https/api.example.com/v1/x HTTP/1.1\r\nHost: x\r\nX-Api-Key: sandgate-placeholder-CANARY_KEY\r\n\r\n")
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := body(t, resp); resp.StatusCode != 502 || !strings.Contains(b, "malformed") {
+		t.Errorf("got %d %q, want 502 saying the upstream response was malformed", resp.StatusCode, b)
+	}
+	if ev := e.event(1); strings.Contains(ev.Error, canary) || ev.Status != 502 {
+		t.Errorf("audit event %+v", ev)
+	}
+	// The env's cleanup greps the logs and every event for the canary.
+}

@@ -270,3 +270,13 @@ func (r *scrubReader) Read(p []byte) (int, error) {
 		r.in = r.in[:copy(r.in, r.in[used:])]
 	}
 }
+
+// ScrubString returns s with every occurrence of each secret replaced by its
+// placeholder. The proxy passes every message that may quote upstream bytes
+// (a parser error, say) through it before it reaches a sandbox or a log.
+func ScrubString(s string, secrets []*Secret) string {
+	return newScrubber(secrets).scrubString(s)
+}
+
+// ScrubString scrubs s of a.Secrets; see [ScrubString].
+func (a Applied) ScrubString(s string) string { return ScrubString(s, a.Secrets) }
