@@ -193,10 +193,18 @@ type refusal struct {
 // refuse says whether an address may not be dialed under p: a refused
 // class (unless exempted by the operator) or a deniedCIDRs entry.
 func (d *Decider) refuse(p Policy, a netip.Addr) (refusal, bool) {
+	// An IPv6 form that carries an IPv4 address (NAT64, 6to4, mapped, …)
+	// is denied when the address it carries is.
+	forms := []netip.Addr{a, a.Unmap()}
+	if v4s, _, ok := embeddedV4(a); ok {
+		forms = append(forms, v4s...)
+	}
 	for _, c := range p.DeniedCIDRs {
-		if c.Contains(a) || c.Contains(a.Unmap()) {
-			return refusal{addr: a, code: CodeDeniedCIDR, rule: "deniedCIDRs:" + c.String(),
-				why: fmt.Sprintf("%s is in denied CIDR %s", a, c)}, true
+		for _, f := range forms {
+			if c.Contains(f) {
+				return refusal{addr: a, code: CodeDeniedCIDR, rule: "deniedCIDRs:" + c.String(),
+					why: fmt.Sprintf("%s is in denied CIDR %s", a, c)}, true
+			}
 		}
 	}
 	if d.exempt(a) {

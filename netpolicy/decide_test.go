@@ -49,6 +49,10 @@ func TestDecide(t *testing.T) {
 	srv.Set("mapped.example.com", addrs("::ffff:127.0.0.1")...)
 	srv.Set("meta.example.com", addrs("169.254.169.254")...)
 	srv.Set("denied.example.com", addrs("93.184.216.99")...)
+	srv.Set("nat64denied.example.com", addrs("64:ff9b::5db8:d863")...) // 93.184.216.99
+	srv.Set("6to4denied.example.com", addrs("2002:5db8:d863::1")...)   // 93.184.216.99
+	srv.Set("siitdenied.example.com", addrs("::ffff:0:5db8:d863")...)  // 93.184.216.99
+	srv.Set("mappeddenied.example.com", addrs("::ffff:93.184.216.99")...)
 
 	custom := mustPolicy(t, `{"mode":"custom","allowedHosts":["api.example.com","*.wild.example.com","private.example.com","mixed.example.com","loopmix.example.com","mapped.example.com","meta.example.com","denied.example.com","nx.example.com","x.localhost","*.example.net"],"allowedCIDRs":["93.184.216.0/24"],"deniedCIDRs":["93.184.216.99/32"]}`)
 	tests := []struct {
@@ -75,6 +79,10 @@ func TestDecide(t *testing.T) {
 		{"mapped answer", custom, "mapped.example.com", 443, false, CodeAddressClass, "loopback", nil},
 		{"metadata answer", custom, "meta.example.com", 443, false, CodeAddressClass, "cloud metadata addresses (169.254.169.254)", nil},
 		{"denied CIDR wins", custom, "denied.example.com", 443, false, CodeDeniedCIDR, "denied CIDR 93.184.216.99/32", nil},
+		{"denied CIDR via NAT64", allowAllDenying(), "nat64denied.example.com", 443, false, CodeDeniedCIDR, "denied CIDR 93.184.216.99/32", nil},
+		{"denied CIDR via 6to4", allowAllDenying(), "6to4denied.example.com", 443, false, CodeDeniedCIDR, "denied CIDR", nil},
+		{"denied CIDR via SIIT", allowAllDenying(), "siitdenied.example.com", 443, false, CodeDeniedCIDR, "denied CIDR", nil},
+		{"denied CIDR via mapped", allowAllDenying(), "mappeddenied.example.com", 443, false, CodeDeniedCIDR, "denied CIDR", nil},
 		{"localhost never looked up", custom, "x.localhost", 443, false, CodeLocalName, "", nil},
 		{"metadata name", allowAll(), "metadata.google.internal", 443, false, CodeLocalName, "metadata", nil},
 		{"sub.localhost", allowAll(), "x.localhost", 443, false, CodeLocalName, "", nil},
@@ -125,6 +133,12 @@ func TestDecide(t *testing.T) {
 }
 
 func allowAll() Policy { return Policy{Mode: AllowAll} }
+
+// allowAllDenying allows every public host but 93.184.216.99.
+func allowAllDenying() Policy {
+	return Policy{Mode: Custom, AllowedHosts: []HostRule{{pattern: "*.example.com", suffix: ".example.com"}},
+		DeniedCIDRs: []netip.Prefix{netip.MustParsePrefix("93.184.216.99/32")}}
+}
 
 func equalAddrs(a, b []netip.Addr) bool {
 	if len(a) != len(b) {
