@@ -29,9 +29,28 @@ type clientConn struct {
 }
 
 func newClientConn(p *Proxy, sb *Sandbox, c net.Conn) *clientConn {
-	return &clientConn{p: p, sb: sb, c: c,
-		br: bufio.NewReaderSize(c, p.cfg.MaxHeaderBytes),
-		bw: bufio.NewWriterSize(c, 16<<10)}
+	cc := &clientConn{p: p, sb: sb, c: c}
+	if r, ok := p.readers.Get().(*bufio.Reader); ok {
+		r.Reset(c)
+		cc.br = r
+	} else {
+		cc.br = bufio.NewReaderSize(c, p.cfg.MaxHeaderBytes)
+	}
+	if w, ok := p.writers.Get().(*bufio.Writer); ok {
+		w.Reset(c)
+		cc.bw = w
+	} else {
+		cc.bw = bufio.NewWriterSize(c, 16<<10)
+	}
+	return cc
+}
+
+// release returns the connection's buffers to the proxy's pools.
+func (cc *clientConn) release() {
+	cc.br.Reset(nil)
+	cc.bw.Reset(nil)
+	cc.p.readers.Put(cc.br)
+	cc.p.writers.Put(cc.bw)
 }
 
 var errHeaderTooLarge = errors.New("request header too large")
@@ -61,13 +80,7 @@ func (cc *clientConn) serve(ctx context.Context) {
 			return
 		}
 		cc.c.SetReadDeadline(time.Time{})
-		if !cc.sb.acquire(cc.p.cfg.MaxConns) {
-			cc.refuse(limitError(fmt.Sprintf("sandbox %s already has %d connections open", cc.sb.id, cc.p.cfg.MaxConns), time.Second), req)
-			return
-		}
-		keep := cc.handle(cc.p.hard, req)
-		cc.sb.release()
-		if !keep {
+		if !cc.handle(cc.p.hard, req) {
 			return
 		}
 	}

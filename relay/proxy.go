@@ -10,6 +10,7 @@ import (
 	"context"
 	"crypto/x509"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"sync"
@@ -39,7 +40,8 @@ type Config struct {
 	// MaxHeaderBytes caps a request's line and headers; default 64 KiB.
 	MaxHeaderBytes int
 	// MaxConns caps the connections one sandbox may have open at once
-	// (tunnels and routed requests together); default 256.
+	// (tunnels, routed requests and idle kept-alive connections together);
+	// default 256.
 	MaxConns int
 	// HeaderTimeout bounds reading a request's headers; default 30s.
 	HeaderTimeout time.Duration
@@ -85,6 +87,10 @@ type Proxy struct {
 	// under it, so that ending a Serve context lets them finish.
 	hard     context.Context
 	hardStop context.CancelCauseFunc
+
+	// readers and writers pool connection buffers (MaxHeaderBytes and
+	// 16 KiB), so that a connection that comes and goes allocates nothing.
+	readers, writers sync.Pool
 
 	mu     sync.Mutex
 	conns  map[net.Conn]struct{}
@@ -210,6 +216,14 @@ func (p *Proxy) ServeConn(ctx context.Context, c net.Conn, sb *Sandbox) {
 	defer p.untrack(c)
 	defer c.Close()
 	cc := newClientConn(p, sb, c)
+	defer cc.release()
+	// Every connection counts against the sandbox's cap from the moment it
+	// is accepted, idle or half-sent ones included: each holds buffers.
+	if !sb.acquire(p.cfg.MaxConns) {
+		cc.refuse(limitError(fmt.Sprintf("sandbox %s already has %d connections open", sb.id, p.cfg.MaxConns), time.Second), nil)
+		return
+	}
+	defer sb.release()
 	stop := context.AfterFunc(ctx, func() {
 		if !cc.busy.Load() {
 			c.Close()

@@ -591,6 +591,23 @@ func TestLimits(t *testing.T) {
 			t.Errorf("second tunnel: %d %q", resp.StatusCode, b)
 		}
 	})
+	t.Run("idle and half-sent connections count", func(t *testing.T) {
+		// Regression: only requests counted, so thousands of connections
+		// holding a byte each were kept with their buffers.
+		e := newEnv(t, `{"mode":"allow-all"}`, "", func(c *Config) { c.MaxConns = 2 })
+		for range 2 {
+			c, _ := e.dial()
+			io.WriteString(c, "G")
+		}
+		deadline := time.Now().Add(10 * time.Second)
+		for e.sb.open.Load() < 2 && time.Now().Before(deadline) {
+			time.Sleep(5 * time.Millisecond)
+		}
+		resp := e.raw("GET /https/api.example.com/ HTTP/1.1\r\nHost: p\r\n\r\n")
+		if b := body(t, resp); resp.StatusCode != 429 || !strings.Contains(b, "already has 2 connections open") {
+			t.Errorf("third connection: %d %q, want 429", resp.StatusCode, b)
+		}
+	})
 	t.Run("header timeout", func(t *testing.T) {
 		e := newEnv(t, `{"mode":"allow-all"}`, "", func(c *Config) { c.HeaderTimeout = 200 * time.Millisecond })
 		resp := e.raw("GET /https/api.example.com/ HTTP/1.1\r\n") // never finished
