@@ -608,6 +608,42 @@ func TestLimits(t *testing.T) {
 			t.Errorf("third connection: %d %q, want 429", resp.StatusCode, b)
 		}
 	})
+	t.Run("stalled request body", func(t *testing.T) {
+		// Regression: after the head, a body that never came held the
+		// request, its slot and an upstream connection forever.
+		e := newEnv(t, `{"mode":"custom","allowedHosts":["api.example.com"]}`, "", func(c *Config) { c.IdleTimeout = 200 * time.Millisecond })
+		e.upstream("api.example.com", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.Copy(io.Discard, r.Body) }))
+		resp := e.raw("POST /https/api.example.com/x HTTP/1.1\r\nHost: p\r\nContent-Length: 10\r\n\r\nA")
+		if b := body(t, resp); resp.StatusCode != 429 || !strings.Contains(b, "stalled") || resp.Header.Get("Retry-After") == "" {
+			t.Errorf("got %d %q, want 429 saying the body stalled", resp.StatusCode, b)
+		}
+	})
+	t.Run("stalled response body", func(t *testing.T) {
+		e := newEnv(t, `{"mode":"custom","allowedHosts":["api.example.com"]}`, "", func(c *Config) { c.IdleTimeout = 200 * time.Millisecond })
+		release := make(chan struct{})
+		defer close(release)
+		e.upstream("api.example.com", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Length", "10")
+			io.WriteString(w, "A")
+			w.(http.Flusher).Flush()
+			select {
+			case <-release:
+			case <-r.Context().Done():
+			}
+		}))
+		c, br := e.dial()
+		io.WriteString(c, "GET /https/api.example.com/x HTTP/1.1\r\nHost: p\r\n\r\n")
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if b, err := io.ReadAll(resp.Body); err == nil || string(b) != "A" {
+			t.Errorf("read %q, %v; want the byte sent, then the connection cut", b, err)
+		}
+		if ev := e.event(1); !strings.Contains(ev.Error, "timeout") {
+			t.Errorf("event error %q, want a timeout", ev.Error)
+		}
+	})
 	t.Run("header timeout", func(t *testing.T) {
 		e := newEnv(t, `{"mode":"allow-all"}`, "", func(c *Config) { c.HeaderTimeout = 200 * time.Millisecond })
 		resp := e.raw("GET /https/api.example.com/ HTTP/1.1\r\n") // never finished

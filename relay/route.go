@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/netip"
 	"net/url"
@@ -27,12 +28,15 @@ import (
 func (cc *clientConn) route(ctx context.Context, req *http.Request, t target) bool {
 	start := time.Now()
 	ev := audit.Event{Sandbox: cc.sb.id, Kind: audit.Route, Host: t.host, Port: t.port, Method: req.Method, Path: pathOnly(t.rest)}
-	body := &countingBody{r: req.Body}
+	body := &countingBody{r: req.Body, conn: cc.c, idle: cc.p.cfg.IdleTimeout}
 	var applied transforms.Applied
 	keep, err := cc.forward(ctx, req, t, &ev, body, &applied)
 	ev.BytesIn, ev.Duration = body.n.Load(), time.Since(start)
 	if err != nil {
 		e := asError(err)
+		if body.stalled.Load() {
+			e = limitError(fmt.Sprintf("request body stalled: no byte for %s", cc.p.cfg.IdleTimeout), time.Second)
+		}
 		if len(applied.Secrets) > 0 {
 			// An error may quote what the upstream sent (a parser error
 			// does), and the upstream may have echoed the secret.
@@ -193,18 +197,27 @@ func outboundRequest(ctx context.Context, req *http.Request, dec netpolicy.Decis
 }
 
 // countingBody counts a request body's bytes and notes its EOF (read on the
-// transport's goroutine, checked on the connection's).
+// transport's goroutine, checked on the connection's). Each read must make
+// progress within idle, or the request fails as stalled.
 type countingBody struct {
-	r   io.ReadCloser
-	n   atomic.Int64
-	eof atomic.Bool
+	r       io.ReadCloser
+	conn    net.Conn
+	idle    time.Duration
+	n       atomic.Int64
+	eof     atomic.Bool
+	stalled atomic.Bool
 }
 
 func (b *countingBody) Read(p []byte) (int, error) {
+	if b.conn != nil {
+		b.conn.SetReadDeadline(time.Now().Add(b.idle))
+	}
 	n, err := b.r.Read(p)
 	b.n.Add(int64(n))
 	if err == io.EOF {
 		b.eof.Store(true)
+	} else if err != nil && isTimeout(err) {
+		b.stalled.Store(true)
 	}
 	return n, err
 }

@@ -12,6 +12,7 @@ import (
 	"net/netip"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sandgate/sandgate/netpolicy"
@@ -45,6 +46,9 @@ type upstreamConn struct {
 	gen    int
 	used   time.Time // when it went back to the pool
 	reused bool      // taken from the pool: the upstream may have closed it
+	// canceled is set when the request's context ended: a deadline set
+	// after that must not undo the one that cut the connection.
+	canceled atomic.Bool
 }
 
 const (
@@ -166,7 +170,10 @@ func (u *upstreamPool) roundTrip(ctx context.Context, out *http.Request, host st
 var errStaleConn = errors.New("kept-alive upstream connection was closed")
 
 func (u *upstreamPool) exchange(ctx context.Context, out *http.Request, host string, c *upstreamConn) (*http.Response, error) {
-	stop := context.AfterFunc(ctx, func() { c.c.SetDeadline(time.Unix(1, 0)) })
+	stop := context.AfterFunc(ctx, func() {
+		c.canceled.Store(true)
+		c.c.SetDeadline(time.Unix(1, 0))
+	})
 	body := out.Body
 	bodyRead := false
 	if body != nil && body != http.NoBody {
@@ -260,6 +267,12 @@ func (b *upstreamBody) Read(p []byte) (int, error) {
 	if b.done {
 		return 0, io.EOF
 	}
+	// Each read of the body must make progress within the idle time: an
+	// upstream that stalls mid-body must not hold the sandbox forever.
+	b.c.c.SetReadDeadline(time.Now().Add(b.u.p.cfg.IdleTimeout))
+	if b.c.canceled.Load() {
+		b.c.c.SetDeadline(time.Unix(1, 0))
+	}
 	n, err := b.rc.Read(p)
 	if err == io.EOF {
 		b.finish(b.reusable)
@@ -283,6 +296,7 @@ func (b *upstreamBody) finish(reuse bool) {
 		reuse = false // the context ended: the deadline is poisoned
 	}
 	if reuse && b.c.br.Buffered() == 0 {
+		b.c.c.SetDeadline(time.Time{})
 		b.u.put(b.host, b.c)
 		return
 	}
