@@ -41,8 +41,12 @@ func (m *strMatcher) match(v string) bool {
 	}
 }
 
-// pairMatcher matches when one key/value pair satisfies both of its
-// matchers (a missing matcher matches anything).
+// pairMatcher is one queryString or headers entry. With a key matcher it
+// matches when at least one key matches and every value of every matching
+// key satisfies the value matcher: a request that repeats a key
+// ("?org=victim&org=mine") cannot satisfy the rule with one value while the
+// upstream acts on another. Without a key matcher, one pair whose value
+// matches is enough. A missing matcher matches anything.
 type pairMatcher struct {
 	key, value *strMatcher
 }
@@ -52,17 +56,29 @@ func (m *pairMatcher) matchPair(k, v string) bool {
 }
 
 func (m *pairMatcher) matchAny(pairs map[string][]string) bool {
+	if m.key == nil {
+		for _, vs := range pairs {
+			for _, v := range vs {
+				if m.value == nil || m.value.match(v) {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	seen := false
 	for k, vs := range pairs {
-		if m.key != nil && !m.key.match(k) {
+		if !m.key.match(k) {
 			continue
 		}
 		for _, v := range vs {
-			if m.value == nil || m.value.match(v) {
-				return true
+			if m.value != nil && !m.value.match(v) {
+				return false
 			}
+			seen = true
 		}
 	}
-	return false
+	return seen
 }
 
 // requestView is what the matchers see of an outbound request, computed
@@ -118,20 +134,35 @@ func canonicalHost(h string) string {
 	return h
 }
 
-// hasDotSegment reports a "." or ".." segment, also percent-encoded. An
-// upstream would resolve it, so a path matcher could be steered around; such
-// paths match no path matcher.
+// hasDotSegment reports a path an upstream could read as another path: a
+// "." or ".." segment, also percent-encoded (once or twice), an encoded
+// slash or backslash, a backslash or a ";" (servers that take "..;" for
+// ".."). A path matcher could be steered around with such a path, so it
+// matches no path matcher.
 func hasDotSegment(p string) bool {
-	for seg := range strings.SplitSeq(p, "/") {
-		if len(seg) == 0 || len(seg) > 6 {
-			continue
-		}
-		s := strings.ReplaceAll(strings.ToLower(seg), "%2e", ".")
-		if s == "." || s == ".." {
+	s := p
+	for range 3 {
+		if strings.ContainsAny(s, "\\;") {
 			return true
 		}
+		for seg := range strings.SplitSeq(s, "/") {
+			if seg == "." || seg == ".." {
+				return true
+			}
+		}
+		d, err := url.PathUnescape(s)
+		if err != nil {
+			return true
+		}
+		if d == s {
+			return false
+		}
+		if strings.Count(d, "/") != strings.Count(s, "/") {
+			return true // an encoded slash
+		}
+		s = d
 	}
-	return false
+	return true // still encoded after three rounds
 }
 
 func (v *requestView) queryValues() (url.Values, bool) {

@@ -90,9 +90,21 @@ func TestMatchers(t *testing.T) {
 			get("https://h.example/v1/models", true),
 			get("https://h.example/v1/models/x", false),
 		}},
-		{"path matches the wire form", `{"host":"h.example","path":{"exact":"/a%2Fb"}}`, []req{
-			get("https://h.example/a%2Fb", true),
-			get("https://h.example/a/b", false),
+		{"path matches the wire form", `{"host":"h.example","path":{"exact":"/a%41b"}}`, []req{
+			get("https://h.example/a%41b", true),
+			get("https://h.example/aAb", false),
+		}},
+		// Regression (review): paths an upstream may read as another path
+		// match no path matcher, so the secret is not sent to them.
+		{"ambiguous paths fail closed", `{"host":"h.example","path":{"startsWith":"/v1/public/"}}`, []req{
+			get("https://h.example/v1/public/x", true),
+			get("https://h.example/v1/public/..;/admin", false),
+			get("https://h.example/v1/public/..%2Fadmin", false),
+			get("https://h.example/v1/public/%2e%2e%2fadmin", false),
+			get("https://h.example/v1/public/%252e%252e/admin", false),
+			get("https://h.example/v1/public/a%2Fb", false),
+			get("https://h.example/v1/public/a%5Cb", false),
+			get("https://h.example/v1/public/verylongsegment/..", false),
 		}},
 		{"method", `{"host":"h.example","method":["post","PUT"]}`, []req{
 			{"POST", "https://h.example/", nil, true},
@@ -138,8 +150,16 @@ func TestMatchers(t *testing.T) {
 			get("https://h.example/", true, "Authorization", "Bearer x"),
 			get("https://h.example/", false, "Authorization", "bearer x"),
 		}},
-		{"header any of several values", `{"host":"h.example","headers":[{"key":{"exact":"accept"},"value":{"exact":"b"}}]}`, []req{
-			get("https://h.example/", true, "Accept", "a", "Accept", "b"),
+		// Regression (review): a repeated key must not satisfy the rule with
+		// one value while the upstream acts on another.
+		{"header: every value of a matched key must match", `{"host":"h.example","headers":[{"key":{"exact":"accept"},"value":{"exact":"b"}}]}`, []req{
+			get("https://h.example/", false, "Accept", "a", "Accept", "b"),
+			get("https://h.example/", true, "Accept", "b", "Accept", "b"),
+		}},
+		{"query: every value of a matched key must match", `{"host":"h.example","queryString":[{"key":{"exact":"org"},"value":{"exact":"mine"}}]}`, []req{
+			get("https://h.example/x?org=mine", true),
+			get("https://h.example/x?org=victim&org=mine", false),
+			get("https://h.example/x?org=mine&org=victim", false),
 		}},
 		{"all matchers together", `{"host":"h.example","path":{"startsWith":"/v1"},"method":["POST"],"queryString":[{"key":{"exact":"k"}}],"headers":[{"key":{"exact":"x"}}]}`, []req{
 			{"POST", "https://h.example/v1?k=1", []string{"X", "1"}, true},

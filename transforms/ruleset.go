@@ -98,9 +98,10 @@ func (a Applied) ScrubResponse(resp *http.Response) error {
 // (or out.Host), its path as sent on the wire. Every rule is matched against
 // the request as it came in, before any rule rewrote it.
 //
-// Then, for the matching rules' secrets, every request header value that
-// contains a secret's placeholder has it replaced by the secret (so
-// "Authorization: Bearer sandgate-placeholder-KEY" works), and, when any
+// Then, for the matching rules' secrets, each value of the credential
+// headers (Authorization, X-Api-Key, Api-Key) that contains a secret's
+// placeholder has it replaced by the secret (so "Authorization: Bearer
+// sandgate-placeholder-KEY" works), and, when any
 // secret went in, Accept-Encoding is restricted to codings the response
 // scrubber can decode (see [RestrictAcceptEncoding]). Header value slices
 // are replaced, never written in place, so a request cloned from the
@@ -143,10 +144,18 @@ func (s *RuleSet) Apply(out *http.Request) Applied {
 	return a
 }
 
-// swapPlaceholders replaces each secret's placeholder by its value in every
-// header value.
+// swapHeaders are the headers in which a placeholder is replaced by its
+// secret. Only credential headers: a header an upstream might echo back
+// truncated (Content-Type in an error message, say) would let the sandbox
+// read the secret piece by piece, past the scrubber that only sees whole
+// copies. Headers a rule writes are set whole and need no swap.
+var swapHeaders = []string{"Authorization", "X-Api-Key", "Api-Key"}
+
+// swapPlaceholders replaces each secret's placeholder by its value in the
+// values of the swapHeaders.
 func swapPlaceholders(h http.Header, secrets []*Secret) {
-	for k, vs := range h {
+	for _, k := range swapHeaders {
+		vs := h[k]
 		var nv []string
 		for i, v := range vs {
 			w := v

@@ -37,7 +37,9 @@ func TestApplyOverwritesAndSwaps(t *testing.T) {
 		{"X-Api-Key", canary},
 		{"X-Lit", "two"},
 		{"Authorization", "Bearer " + canary},
-		{"X-Both", canary + "/" + canary},
+		// Regression (review): only credential headers get the swap, so no
+		// other header can echo the secret back piece by piece.
+		{"X-Both", "sandgate-placeholder-CANARY/sandgate-placeholder-CANARY"},
 		{"X-Foreign", "sandgate-placeholder-OTHER_KEY"}, // its rule did not match
 		{"Accept-Encoding", "gzip, zstd;q=0.5"},
 		{"X-Other", ""},
