@@ -12,6 +12,8 @@ import (
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"errors"
+	"io"
+	"log"
 	"fmt"
 	"math/big"
 	"net"
@@ -163,6 +165,9 @@ func (ca *CA) Server(t testing.TB, h http.Handler, names ...string) *httptest.Se
 	srv.Listener.Close()
 	srv.Listener = Listen443(t)
 	srv.EnableHTTP2 = true
+	// Clients that give up before the handshake (tests of refusals do)
+	// are not worth a log line each.
+	srv.Config.ErrorLog = log.New(io.Discard, "", 0)
 	srv.TLS = &tls.Config{Certificates: []tls.Certificate{leaf}}
 	srv.StartTLS()
 	t.Cleanup(srv.Close)
