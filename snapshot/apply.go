@@ -11,7 +11,9 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -80,6 +82,15 @@ type ApplyResult struct {
 // maxTrailing bounds the bytes accepted after the end of a compressed stream.
 const maxTrailing = 1 << 20
 
+// maxDirMeta bounds the directory metadata (names and attributes) held
+// until finishDirs applies it: a directory's mode and times can only be set
+// once its contents stop changing, so it is kept for the whole stream.
+const maxDirMeta = 64 << 20
+
+// dirMetaOverhead is what one retained directory costs besides its name
+// and attributes, for the maxDirMeta budget.
+const dirMetaOverhead = 128
+
 // Unpack applies the layer read from r to dir. Everything is extracted into
 // a fresh sibling directory first; only when the whole stream has been read,
 // checked and verified is it renamed to dir (if dir is missing or empty) or
@@ -129,6 +140,7 @@ func Unpack(ctx context.Context, r io.Reader, dir string, opts ApplyOptions) (*A
 		chown:    !opts.NoChown && os.Geteuid() == 0,
 		symlinks: map[string]bool{},
 		dirIdx:   map[string]int{},
+		deferred: map[string]bool{},
 		buf:      make([]byte, 1<<20),
 	}
 	if st, err := os.Lstat(target); err == nil && st.IsDir() {
@@ -160,13 +172,16 @@ type applier struct {
 	opts      ApplyOptions
 	chown     bool
 	symlinks  map[string]bool // paths this archive made symlinks
-	dirs      []*tar.Header   // explicit directory entries, metadata applied last
+	dirs      []*dirMeta      // explicit directory entries, metadata applied last
 	dirIdx    map[string]int
-	onto      bool        // applying onto a non-empty target: merge, not rename
-	links     [][2]string // hardlinks (target, name) to existing paths of the target
-	whiteouts []string    // paths to delete from an existing target
-	opaques   []string    // directories whose existing target contents go
+	dirBytes  int64           // retained size of dirs, against maxDirMeta
+	onto      bool            // applying onto a non-empty target: merge, not rename
+	links     [][2]string     // hardlinks (target, name) to existing paths of the target
+	deferred  map[string]bool // names of links: no later entry may be at or below one
+	whiteouts []string        // paths to delete from an existing target
+	opaques   []string        // directories whose existing target contents go
 	entries   int64
+	total     int64 // sum of entry sizes as extracted, against MaxBytes
 	buf       []byte
 	compRead  *hashingReader
 	cached    *os.File // dirFd's cache
@@ -243,8 +258,8 @@ func (a *applier) apply(hdr *tar.Header, content io.Reader) error {
 	if err != nil {
 		return err
 	}
-	if hdr.Size < 0 || hdr.Size > a.opts.MaxBytes {
-		return refuse(hdr.Name, "size %d exceeds the %d-byte cap", hdr.Size, a.opts.MaxBytes)
+	if err := checkSizes(hdr, &a.total, a.opts.MaxBytes); err != nil {
+		return err
 	}
 	if hdr.Mode&0o6000 != 0 && !a.opts.Trusted {
 		return refuse(hdr.Name, "setuid/setgid bits on an untrusted layer")
@@ -337,6 +352,14 @@ func (a *applier) prepare(name string, isDir bool) error {
 	if a.underSymlink(name) {
 		return refuse(name, "write through a symlink")
 	}
+	for p := name; len(a.deferred) > 0 && p != "."; p = path.Dir(p) {
+		if a.deferred[p] {
+			// The link is only made when merging, after everything
+			// staged has moved in: it would replace this entry, or
+			// what this entry was written through.
+			return refuse(name, "reuses the name of hardlink %q to the existing tree", p)
+		}
+	}
 	fd, err := a.dirFd(path.Dir(name))
 	if err != nil {
 		return &EntryError{Name: name, Reason: "make parent: " + err.Error(), Err: err}
@@ -397,6 +420,16 @@ func (a *applier) removeStaged(name string) error {
 			delete(a.symlinks, p)
 		}
 	}
+	if len(a.links) > 0 {
+		// Deferred hardlinks below name are replaced like staged entries.
+		a.links = slices.DeleteFunc(a.links, func(l [2]string) bool {
+			if hasPrefixPath(l[1], name) {
+				delete(a.deferred, l[1])
+				return true
+			}
+			return false
+		})
+	}
 	if err := a.root.RemoveAll(name); err != nil {
 		return &EntryError{Name: name, Reason: "replace: " + err.Error(), Err: err}
 	}
@@ -448,11 +481,65 @@ func (a *applier) dir(name string, hdr *tar.Header) error {
 			return &EntryError{Name: name, Reason: err.Error(), Err: err}
 		}
 	}
+	d := &dirMeta{
+		name:   name,
+		mode:   uint32(hdr.Mode & 0o7777),
+		uid:    hdr.Uid,
+		gid:    hdr.Gid,
+		mtime:  hdr.ModTime,
+		atime:  hdr.AccessTime,
+		xattrs: paxXattrs(hdr.PAXRecords), // checked by checkXattrs
+	}
 	if i, ok := a.dirIdx[name]; ok {
-		a.dirs[i] = hdr
+		if old := a.dirs[i]; old != nil {
+			a.dirBytes -= old.size()
+		}
+		a.dirs[i] = d
 	} else {
 		a.dirIdx[name] = len(a.dirs)
-		a.dirs = append(a.dirs, hdr)
+		a.dirs = append(a.dirs, d)
+	}
+	if a.dirBytes += d.size(); a.dirBytes > maxDirMeta {
+		return refuse(hdr.Name, "directory metadata over %d bytes", maxDirMeta)
+	}
+	return nil
+}
+
+// dirMeta is what finishDirs needs of a directory entry: never the whole
+// header, whose PAX records may be large.
+type dirMeta struct {
+	name         string
+	mode         uint32
+	uid, gid     int
+	mtime, atime time.Time
+	xattrs       map[string]string
+}
+
+func (d *dirMeta) size() int64 {
+	n := int64(dirMetaOverhead + len(d.name))
+	for k, v := range d.xattrs {
+		n += int64(len(k) + len(v))
+	}
+	return n
+}
+
+// checkSizes refuses sparse entries (archive/tar synthesizes their holes,
+// which no stream cap would see; layers never hold them) and an entry that
+// would take the sizes of the entries so far, *total, over max.
+func checkSizes(hdr *tar.Header, total *int64, max int64) error {
+	if hdr.Typeflag == tar.TypeGNUSparse {
+		return refuse(hdr.Name, "sparse entry (a layer never holds one)")
+	}
+	for k := range hdr.PAXRecords {
+		if strings.HasPrefix(k, "GNU.sparse.") {
+			return refuse(hdr.Name, "sparse entry (a layer never holds one)")
+		}
+	}
+	if hdr.Size < 0 || hdr.Size > max {
+		return refuse(hdr.Name, "size %d exceeds the %d-byte cap", hdr.Size, max)
+	}
+	if *total += hdr.Size; *total > max {
+		return refuse(hdr.Name, "entries total more than the %d-byte cap", max)
 	}
 	return nil
 }
@@ -479,8 +566,10 @@ func (a *applier) hardlink(name string, hdr *tar.Header) error {
 	st, err := a.root.Lstat(target)
 	if err != nil && a.onto {
 		// A delta may link to a path of the tree it is applied onto: link
-		// it when merging, after checking that path there.
+		// it when merging, after checking that path there. No later entry
+		// may use name (prepare).
 		a.links = append(a.links, [2]string{target, name})
+		a.deferred[name] = true
 		return nil
 	}
 	if err != nil {

@@ -71,7 +71,7 @@ func MergeLayers(ctx context.Context, base, delta io.Reader, w io.Writer, opts M
 	}
 	sw := bufio.NewWriterSize(spool, 1<<20)
 	tw := tar.NewWriter(sw)
-	err = eachEntry(ctx, dr.tr, func(h *tar.Header, r io.Reader) error {
+	err = eachEntry(ctx, dr.tr, opts.MaxBytes, func(h *tar.Header, r io.Reader) error {
 		name, err := cleanEntryName(h.Name)
 		if err != nil {
 			return err
@@ -92,6 +92,9 @@ func MergeLayers(ctx context.Context, base, delta io.Reader, w io.Writer, opts M
 		}
 		return copyEntry(tw, h, r)
 	})
+	if err == nil {
+		err = dr.finish()
+	}
 	dr.close()
 	if err == nil {
 		err = tw.Close()
@@ -113,7 +116,7 @@ func MergeLayers(ctx context.Context, base, delta io.Reader, w io.Writer, opts M
 		_, _ = lw.close(err, entries) // stops the compressor's goroutines
 		return nil, fmt.Errorf("merge: base: %w", err)
 	}
-	err = eachEntry(ctx, br.tr, func(h *tar.Header, r io.Reader) error {
+	err = eachEntry(ctx, br.tr, opts.MaxBytes, func(h *tar.Header, r io.Reader) error {
 		name, err := cleanEntryName(h.Name)
 		if err != nil {
 			return err
@@ -136,6 +139,9 @@ func MergeLayers(ctx context.Context, base, delta io.Reader, w io.Writer, opts M
 		entries++
 		return copyEntry(lw.tw, h, r)
 	})
+	if err == nil {
+		err = br.finish()
+	}
 	br.close()
 	if err != nil {
 		_, _ = lw.close(err, entries)
@@ -145,7 +151,7 @@ func MergeLayers(ctx context.Context, base, delta io.Reader, w io.Writer, opts M
 		_, _ = lw.close(err, entries)
 		return nil, err
 	}
-	err = eachEntry(ctx, tar.NewReader(bufio.NewReaderSize(spool, 1<<20)), func(h *tar.Header, r io.Reader) error {
+	err = eachEntry(ctx, tar.NewReader(bufio.NewReaderSize(spool, 1<<20)), opts.MaxBytes, func(h *tar.Header, r io.Reader) error {
 		if h.PAXRecords[paxRemovedKey] == "1" {
 			return nil
 		}
@@ -162,20 +168,43 @@ func MergeLayers(ctx context.Context, base, delta io.Reader, w io.Writer, opts M
 // tarStream is a decompressing tar reader over a layer.
 type tarStream struct {
 	tr  *tar.Reader
+	tar io.Reader     // the capped decompressed stream tr reads
+	br  *bufio.Reader // the compressed stream dec reads
 	dec io.Closer
 }
 
 func (t *tarStream) close() { t.dec.Close() }
 
+// finish reads the rest of the stream after the tar end marker: the tar
+// padding, the end of the compressed stream and at most maxTrailing bytes
+// after it, so that a verifying source (see the store package) reaches EOF
+// and reports a digest mismatch, as Unpack does.
+func (t *tarStream) finish() error {
+	if _, err := io.Copy(io.Discard, t.tar); err != nil {
+		return fmt.Errorf("read tar trailer: %w", err)
+	}
+	if n, err := io.Copy(io.Discard, io.LimitReader(t.br, maxTrailing+1)); err != nil {
+		return fmt.Errorf("read stream end: %w", err)
+	} else if n > maxTrailing {
+		return refuse("(stream)", "more than %d bytes after the end of the layer", maxTrailing)
+	}
+	return nil
+}
+
 func openTar(r io.Reader, max int64) (*tarStream, error) {
-	dec, _, err := newDecompressor(bufio.NewReaderSize(r, 1<<20))
+	br := bufio.NewReaderSize(r, 1<<20)
+	dec, _, err := newDecompressor(br)
 	if err != nil {
 		return nil, err
 	}
-	return &tarStream{tr: tar.NewReader(&cappedReader{r: dec, max: max}), dec: dec}, nil
+	capped := &cappedReader{r: dec, max: max}
+	return &tarStream{tr: tar.NewReader(capped), tar: capped, br: br, dec: dec}, nil
 }
 
-func eachEntry(ctx context.Context, tr *tar.Reader, fn func(*tar.Header, io.Reader) error) error {
+// eachEntry calls fn with each entry of tr, refusing sparse entries and
+// entries whose sizes add up to more than max bytes (see checkSizes).
+func eachEntry(ctx context.Context, tr *tar.Reader, max int64, fn func(*tar.Header, io.Reader) error) error {
+	var total int64
 	for {
 		if err := ctx.Err(); err != nil {
 			return context.Cause(ctx)
@@ -189,6 +218,9 @@ func eachEntry(ctx context.Context, tr *tar.Reader, fn func(*tar.Header, io.Read
 		}
 		if h.Typeflag == tar.TypeXGlobalHeader {
 			continue
+		}
+		if err := checkSizes(h, &total, max); err != nil {
+			return err
 		}
 		if err := fn(h, tr); err != nil {
 			return err

@@ -39,7 +39,7 @@ func PackDelta(ctx context.Context, base *Manifest, full io.Reader, w io.Writer,
 	p := &packer{ctx: ctx, tw: lw.tw, tarHC: lw.tarHC, opts: opts, base: idx, seen: map[string]string{}, buf: make([]byte, 1<<20)}
 	forced := map[string]bool{}  // directories newly opaque: everything below is written
 	written := map[string]bool{} // paths written in full, for hardlinks to them
-	err = eachEntry(ctx, in.tr, func(h *tar.Header, r io.Reader) error {
+	err = eachEntry(ctx, in.tr, DefaultMaxBytes, func(h *tar.Header, r io.Reader) error {
 		fi, dir, err := streamInfo(h)
 		if err != nil {
 			return err
@@ -86,6 +86,9 @@ func PackDelta(ctx context.Context, base *Manifest, full io.Reader, w io.Writer,
 		p.addIndex(fi)
 		return nil
 	})
+	if err == nil {
+		err = in.finish()
+	}
 	if err == nil {
 		err = p.writeRemovals()
 	}

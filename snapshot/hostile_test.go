@@ -145,6 +145,12 @@ var hostileCases = []hostileCase{
 		tw.Close()
 		return zstdOf(t, tb.Bytes())
 	}},
+	{"sparse.tar", "sparse", func(t testing.TB) []byte { return sparseTar(2, 1<<20) }},
+	{"sparse-bomb.tar.zst", "sparse", func(t testing.TB) []byte {
+		// 10 sparse entries of 15 MiB: each under the cap, 150 MiB in all
+		// from a few hundred bytes, none of it seen by the stream cap.
+		return zstdOf(t, sparseTar(10, 15<<20))
+	}},
 	{"truncated.tar.zst", "", func(t testing.TB) []byte {
 		b := validLayer(t)
 		return b[:len(b)/2]

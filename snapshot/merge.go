@@ -7,6 +7,7 @@ import (
 	"os"
 	"path"
 	"slices"
+	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -107,6 +108,11 @@ func (m *merger) link(target, name string) error {
 }
 
 func (m *merger) merge() error {
+	// Refuse before changing anything: a refused layer leaves the target
+	// as it was.
+	if err := m.checkLinks(); err != nil {
+		return err
+	}
 	// Opaque directories hide everything the target had below them.
 	for _, d := range m.a.opaques {
 		if !m.realDir(d) {
@@ -155,6 +161,104 @@ func (m *merger) merge() error {
 		return err
 	}
 	return nil
+}
+
+// checkLinks checks, before the merge changes anything, that every
+// deferred hardlink will find its target as link (below) requires it: a
+// non-directory reached through real directories once deletions, moves
+// and the links before it are done.
+func (m *merger) checkLinks() error {
+	if len(m.a.links) == 0 {
+		return nil
+	}
+	whiteouts := make(map[string]bool, len(m.a.whiteouts))
+	for _, w := range m.a.whiteouts {
+		whiteouts[w] = true
+	}
+	opaques := make(map[string]bool, len(m.a.opaques))
+	for _, o := range m.a.opaques {
+		opaques[o] = true
+	}
+	hidden := func(q string) bool { return whiteouts[q] || opaques[path.Dir(q)] }
+	made := map[string]bool{}
+	for _, l := range m.a.links {
+		target, name := l[0], l[1]
+		if hasPrefixPath(target, name) {
+			return refuse(name, "hardlink target %q is what the link replaces", target)
+		}
+		if m.finalKind(target, hidden, made) != kindOther {
+			return refuse(name, "hardlink target %q is not in the tree", target)
+		}
+		if m.finalKind(path.Dir(name), hidden, made) != kindDir {
+			return refuse(name, "parent of the hardlink is not a directory")
+		}
+		made[name] = true
+	}
+	return nil
+}
+
+type nodeKind int
+
+const (
+	kindNone nodeKind = iota
+	kindDir
+	kindOther
+)
+
+func lkind(r *os.Root, p string) nodeKind {
+	st, err := r.Lstat(p)
+	switch {
+	case err != nil:
+		return kindNone
+	case st.IsDir():
+		return kindDir
+	}
+	return kindOther
+}
+
+// finalKind predicts what p will be in the target after the merge's
+// deletions (hidden), the moves of moveDir and the links in made: a staged
+// entry replaces the target's unless both are directories, which merge.
+// Every prefix is checked with lstat before anything below it, so nothing
+// is resolved through a symlink.
+func (m *merger) finalKind(p string, hidden func(string) bool, made map[string]bool) nodeKind {
+	if p == "." {
+		return kindDir
+	}
+	inSrc, inDst := true, true
+	comps := strings.Split(p, "/")
+	q := "."
+	for i, c := range comps {
+		q = path.Join(q, c)
+		last := i == len(comps)-1
+		if made[q] {
+			if last {
+				return kindOther
+			}
+			return kindNone
+		}
+		s, d := kindNone, kindNone
+		if inSrc {
+			s = lkind(m.src, q)
+		}
+		if inDst && !hidden(q) {
+			d = lkind(m.dst, q)
+		}
+		if last {
+			if s != kindNone {
+				return s
+			}
+			return d
+		}
+		if s == kindOther {
+			return kindNone
+		}
+		inSrc, inDst = s == kindDir, d == kindDir
+		if !inSrc && !inDst {
+			return kindNone
+		}
+	}
+	return kindNone
 }
 
 // realDir reports whether every component of d is a directory (not a

@@ -35,7 +35,8 @@ var overlayBookkeeping = map[string]bool{
 
 // readXattrs returns the attributes of path (not following a symlink) that a
 // layer carries: user.* and security.capability, plus whether the directory
-// is overlay-opaque. Semantic overlay attributes are refused.
+// is overlay-opaque (trusted.overlay.opaque=y; any other value is refused).
+// Semantic overlay attributes are refused.
 func readXattrs(path, name string) (map[string]string, bool, error) {
 	names, err := listXattrs(path)
 	if err != nil || len(names) == 0 {
@@ -50,7 +51,13 @@ func readXattrs(path, name string) (map[string]string, bool, error) {
 			if err != nil {
 				return nil, false, err
 			}
-			opaque = v == "y"
+			if v != "y" {
+				// "x" (Linux 6.7+) marks a directory holding xattr
+				// whiteouts, which a layer cannot express; anything else is
+				// not overlayfs's.
+				return nil, false, unsupported(name, "overlay attribute %s=%q: only %q (opaque) can be in a layer", n, v, "y")
+			}
+			opaque = true
 		case strings.HasPrefix(n, overlayPrefix):
 			if overlayBookkeeping[n] {
 				continue

@@ -31,6 +31,10 @@ const digestXattr = "user.sandgate.sha256"
 type Dir struct {
 	path string
 	root *os.Root
+	// xattrs: the file system keeps user attributes, so every object has
+	// its digest recorded and one without it is damaged (or was copied
+	// without its attributes), not merely stored where they cannot be.
+	xattrs bool
 }
 
 var _ Store = (*Dir)(nil)
@@ -47,7 +51,29 @@ func NewDir(dir string) (*Dir, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dir store: %w", err)
 	}
-	return &Dir{path: dir, root: root}, nil
+	return &Dir{path: dir, root: root, xattrs: probeUserXattrs(root)}, nil
+}
+
+// probeUserXattrs reports whether the file system of root keeps user
+// attributes: it sets one on a hidden temporary file or, when the store is
+// not writable, asks for one on the directory (ENODATA: it could hold one).
+func probeUserXattrs(root *os.Root) bool {
+	var rnd [8]byte
+	rand.Read(rnd[:])
+	tmp := ".tmp-xattr-probe-" + hex.EncodeToString(rnd[:])
+	f, err := root.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		d, err := root.OpenFile(".", os.O_RDONLY, 0)
+		if err != nil {
+			return false
+		}
+		defer d.Close()
+		_, err = unix.Fgetxattr(int(d.Fd()), digestXattr, nil)
+		return err == nil || errors.Is(err, unix.ENODATA)
+	}
+	defer root.Remove(tmp)
+	defer f.Close()
+	return unix.Fsetxattr(int(f.Fd()), digestXattr, []byte("probe"), 0) == nil
 }
 
 // Close releases the directory.
@@ -103,7 +129,9 @@ func (d *Dir) Put(ctx context.Context, name string, r io.Reader, opts PutOptions
 	if opts.Digest != nil {
 		digest = opts.Digest()
 	}
-	if err := unix.Fsetxattr(int(f.Fd()), digestXattr, []byte(digest), 0); err != nil && !errors.Is(err, unix.ENOTSUP) {
+	if err := unix.Fsetxattr(int(f.Fd()), digestXattr, []byte(digest), 0); err != nil && (d.xattrs || !errors.Is(err, unix.ENOTSUP)) {
+		// Where attributes are kept, an object stored without its digest
+		// would be refused by every Get.
 		return Info{}, fmt.Errorf("put %s: record digest: %w", name, err)
 	}
 	if err := f.Close(); err != nil {
@@ -174,7 +202,12 @@ func (d *Dir) Get(ctx context.Context, name string) (io.ReadCloser, error) {
 		f.Close()
 		return nil, err
 	}
-	return newVerifyingReader(f, name, info.Size, info.Digest, nil), nil
+	v := newVerifyingReader(f, name, info.Size, info.Digest, nil)
+	if info.Digest == "" && d.xattrs {
+		// Like any other damage, reported at EOF instead of io.EOF.
+		v.missing = "no digest recorded (attribute " + digestXattr + " missing or unreadable)"
+	}
+	return v, nil
 }
 
 func (d *Dir) statFile(name string, f *os.File) (Info, error) {

@@ -22,6 +22,7 @@ type verifyingReader struct {
 	size    int64  // expected size, -1 unknown
 	digest  string // expected "sha256:<hex>", "" unknown
 	wantCRC *uint32
+	missing string // why the object cannot be verified: a mismatch at EOF
 	err     error
 }
 
@@ -57,6 +58,9 @@ func (v *verifyingReader) check() error {
 	}
 	if v.wantCRC != nil && v.crc != *v.wantCRC {
 		return fmt.Errorf("%s: crc32c %08x, %08x recorded: %w", v.name, v.crc, *v.wantCRC, ErrDigestMismatch)
+	}
+	if v.missing != "" {
+		return fmt.Errorf("%s: %s: %w", v.name, v.missing, ErrDigestMismatch)
 	}
 	if v.digest != "" {
 		if got := "sha256:" + hex.EncodeToString(v.sha.Sum(nil)); got != v.digest {

@@ -1,0 +1,455 @@
+package snapshot
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"reflect"
+	"runtime"
+	"strconv"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// Regression tests for the snapshot review findings (F1..F5).
+
+// TestDeferredLinkChmodEscape (F1): a hardlink deferred to the merge (its
+// target is only in the existing tree) must not replace a directory the
+// layer also declares, and directory metadata must never be applied through
+// a symlink: here the link would make x a symlink to a file outside the
+// target, which finishDirs then chmodded 0777.
+func TestDeferredLinkChmodEscape(t *testing.T) {
+	base := t.TempDir()
+	victim := filepath.Join(mkdir(t, filepath.Join(base, "outside")), "victim")
+	if err := os.WriteFile(victim, []byte("secret"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	target := filepath.Join(base, "target")
+	l1 := tarOf(t,
+		&tar.Header{Typeflag: tar.TypeReg, Name: "keep", Size: 4},
+		&tar.Header{Typeflag: tar.TypeSymlink, Name: "evil", Linkname: victim, Mode: 0o777},
+	)
+	if _, err := Unpack(context.Background(), bytes.NewReader(l1), target, ApplyOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	before := snapshotTree(t, target)
+	for _, l2 := range [][]*tar.Header{
+		{ // the review's recipe
+			{Typeflag: tar.TypeLink, Name: "x", Linkname: "evil"},
+			{Typeflag: tar.TypeDir, Name: "x/", Mode: 0o777},
+		},
+		{ // an entry written below the deferred link
+			{Typeflag: tar.TypeLink, Name: "x", Linkname: "evil"},
+			{Typeflag: tar.TypeDir, Name: "x/y/", Mode: 0o777},
+		},
+	} {
+		_, err := Unpack(context.Background(), bytes.NewReader(tarOf(t, l2...)), target, ApplyOptions{})
+		if !errors.Is(err, ErrRefused) {
+			t.Errorf("got %v, want ErrRefused", err)
+		}
+		if st, _ := os.Stat(victim); st.Mode().Perm() != 0o600 {
+			t.Fatalf("ESCAPE: %s outside the target is now %v", victim, st.Mode().Perm())
+		}
+		if after := snapshotTree(t, target); !reflect.DeepEqual(before, after) {
+			t.Errorf("refused layer changed the target: %v -> %v", before, after)
+		}
+	}
+	// An entry that comes before the link is replaced by it, as in tar.
+	l3 := tarOf(t,
+		&tar.Header{Typeflag: tar.TypeDir, Name: "x/", Mode: 0o777},
+		&tar.Header{Typeflag: tar.TypeReg, Name: "x/f", Size: 4},
+		&tar.Header{Typeflag: tar.TypeLink, Name: "x", Linkname: "keep"},
+	)
+	if _, err := Unpack(context.Background(), bytes.NewReader(l3), target, ApplyOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := os.Lstat(filepath.Join(target, "x")); err != nil || !st.Mode().IsRegular() {
+		t.Errorf("x: %v %v, want a hardlink to keep", st, err)
+	}
+	if st, _ := os.Stat(victim); st.Mode().Perm() != 0o600 {
+		t.Fatalf("ESCAPE: %s outside the target is now %v", victim, st.Mode().Perm())
+	}
+}
+
+// TestFinishDirsDoesNotFollowSymlinks (F1): directory metadata is applied
+// through an fd opened without following symlinks, so a directory that was
+// replaced by a symlink (here to a file outside) fails instead of changing
+// what the link points to.
+func TestFinishDirsDoesNotFollowSymlinks(t *testing.T) {
+	base := t.TempDir()
+	victim := filepath.Join(base, "victim")
+	os.WriteFile(victim, []byte("secret"), 0o600)
+	outDir := mkdir(t, filepath.Join(base, "outdir"))
+	os.Chmod(outDir, 0o700)
+	tree := mkdir(t, filepath.Join(base, "tree"))
+	os.Symlink(victim, filepath.Join(tree, "x"))
+	os.Symlink(outDir, filepath.Join(tree, "y"))
+	root, err := os.OpenRoot(tree)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer root.Close()
+	for _, name := range []string{"x", "y", "y/z"} {
+		a := &applier{dirs: []*dirMeta{{name: name, mode: 0o777}}}
+		if err := a.finishDirs(root); err == nil {
+			t.Errorf("%s: finishDirs through a symlink succeeded", name)
+		}
+	}
+	if st, _ := os.Stat(victim); st.Mode().Perm() != 0o600 {
+		t.Errorf("victim chmodded to %v", st.Mode().Perm())
+	}
+	if st, _ := os.Stat(outDir); st.Mode().Perm() != 0o700 {
+		t.Errorf("outside dir chmodded to %v", st.Mode().Perm())
+	}
+}
+
+// TestMergeRefusalLeavesTargetUnchanged (F2): a layer the merge refuses
+// (a deferred hardlink that will not find its target) is refused before
+// the merge deletes or moves anything.
+func TestMergeRefusalLeavesTargetUnchanged(t *testing.T) {
+	cases := map[string][]*tar.Header{
+		"missing target": {
+			{Typeflag: tar.TypeReg, Name: ".wh.keep"},
+			{Typeflag: tar.TypeReg, Name: "new", Size: 3},
+			{Typeflag: tar.TypeLink, Name: "l", Linkname: "nonexistent"},
+		},
+		"target whited out": {
+			{Typeflag: tar.TypeReg, Name: ".wh.keep"},
+			{Typeflag: tar.TypeReg, Name: "new", Size: 3},
+			{Typeflag: tar.TypeLink, Name: "l", Linkname: "keep"},
+		},
+		"target below a whited-out dir": {
+			{Typeflag: tar.TypeReg, Name: ".wh.d"},
+			{Typeflag: tar.TypeLink, Name: "l", Linkname: "d/f"},
+		},
+		"target below an opaque dir": {
+			{Typeflag: tar.TypeDir, Name: "d/"},
+			{Typeflag: tar.TypeReg, Name: "d/.wh..wh..opq"},
+			{Typeflag: tar.TypeLink, Name: "l", Linkname: "d/f"},
+		},
+		"target is the link itself": {
+			{Typeflag: tar.TypeReg, Name: "new", Size: 3},
+			{Typeflag: tar.TypeLink, Name: "keep", Linkname: "keep"},
+		},
+		"target below the link": {
+			{Typeflag: tar.TypeReg, Name: "new", Size: 3},
+			{Typeflag: tar.TypeLink, Name: "d", Linkname: "d/f"},
+		},
+		"target a directory": {
+			{Typeflag: tar.TypeReg, Name: "new", Size: 3},
+			{Typeflag: tar.TypeLink, Name: "l", Linkname: "d"},
+		},
+		"target through a symlink of the tree": {
+			{Typeflag: tar.TypeReg, Name: "new", Size: 3},
+			{Typeflag: tar.TypeLink, Name: "l", Linkname: "sd/f"},
+		},
+		"target's dir replaced by a staged file": {
+			{Typeflag: tar.TypeReg, Name: "d", Size: 3},
+			{Typeflag: tar.TypeLink, Name: "l", Linkname: "d/f"},
+		},
+	}
+	for name, hdrs := range cases {
+		t.Run(name, func(t *testing.T) {
+			target := mkdir(t, filepath.Join(t.TempDir(), "target"))
+			os.WriteFile(filepath.Join(target, "keep"), []byte("precious"), 0o644)
+			mkdir(t, filepath.Join(target, "d"))
+			os.WriteFile(filepath.Join(target, "d", "f"), []byte("f"), 0o644)
+			os.Symlink("d", filepath.Join(target, "sd"))
+			before := snapshotTree(t, target)
+			_, err := Unpack(context.Background(), bytes.NewReader(tarOf(t, hdrs...)), target, ApplyOptions{})
+			if !errors.Is(err, ErrRefused) {
+				t.Fatalf("got %v, want ErrRefused", err)
+			}
+			if after := snapshotTree(t, target); !reflect.DeepEqual(before, after) {
+				t.Errorf("PARTIAL: refused layer changed the target:\n%v\n->\n%v", before, after)
+			}
+			if ents, _ := os.ReadDir(filepath.Dir(target)); len(ents) != 1 {
+				t.Errorf("staging left behind: %d entries", len(ents))
+			}
+		})
+	}
+	// Links the merge can make still apply: to a file of the tree, to a
+	// file a staged directory merges over, and to an earlier deferred link.
+	target := mkdir(t, filepath.Join(t.TempDir(), "target"))
+	os.WriteFile(filepath.Join(target, "keep"), []byte("precious"), 0o644)
+	mkdir(t, filepath.Join(target, "d"))
+	os.WriteFile(filepath.Join(target, "d", "f"), []byte("f"), 0o644)
+	layer := tarOf(t,
+		&tar.Header{Typeflag: tar.TypeDir, Name: "d/", Mode: 0o755},
+		&tar.Header{Typeflag: tar.TypeReg, Name: "d/g", Size: 3},
+		&tar.Header{Typeflag: tar.TypeLink, Name: "l1", Linkname: "keep"},
+		&tar.Header{Typeflag: tar.TypeLink, Name: "d/l2", Linkname: "d/f"},
+		&tar.Header{Typeflag: tar.TypeLink, Name: "l3", Linkname: "l1"},
+	)
+	if _, err := Unpack(context.Background(), bytes.NewReader(layer), target, ApplyOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{"l1", "l3"} {
+		if b, _ := os.ReadFile(filepath.Join(target, p)); string(b) != "precious" {
+			t.Errorf("%s holds %q", p, b)
+		}
+	}
+	if b, _ := os.ReadFile(filepath.Join(target, "d", "l2")); string(b) != "f" {
+		t.Errorf("d/l2 holds %q", b)
+	}
+}
+
+// paxRecord formats one PAX record ("<len> key=value\n", len counting itself).
+func paxRecord(k, v string) string {
+	n := len(k) + len(v) + 3
+	for {
+		s := fmt.Sprintf("%d %s=%s\n", n, k, v)
+		if len(s) == n {
+			return s
+		}
+		n = len(s)
+	}
+}
+
+// ustarBlock is a ustar header block.
+func ustarBlock(name string, typ byte, size int64) []byte {
+	b := make([]byte, 512)
+	copy(b[0:100], name)
+	copy(b[100:108], "0000644\x00")
+	copy(b[108:116], "0000000\x00")
+	copy(b[116:124], "0000000\x00")
+	copy(b[124:136], fmt.Sprintf("%011o\x00", size))
+	copy(b[136:148], fmt.Sprintf("%011o\x00", 1700000000))
+	b[156] = typ
+	copy(b[257:265], "ustar\x0000")
+	copy(b[148:156], "        ")
+	sum := 0
+	for _, c := range b {
+		sum += int(c)
+	}
+	copy(b[148:156], fmt.Sprintf("%06o\x00 ", sum))
+	return b
+}
+
+// sparseTar is n PAX (GNU sparse 1.0) entries, each of realsize bytes of
+// which only the last is stored: archive/tar synthesizes the holes.
+func sparseTar(n int, realsize int64) []byte {
+	var buf bytes.Buffer
+	padded := func(b []byte) {
+		buf.Write(b)
+		if r := len(b) % 512; r != 0 {
+			buf.Write(make([]byte, 512-r))
+		}
+	}
+	for i := range n {
+		name := "f" + strconv.Itoa(i)
+		recs := paxRecord("GNU.sparse.major", "1") + paxRecord("GNU.sparse.minor", "0") +
+			paxRecord("GNU.sparse.name", name) + paxRecord("GNU.sparse.realsize", strconv.FormatInt(realsize, 10))
+		padded(ustarBlock("PaxHeaders/"+name, tar.TypeXHeader, int64(len(recs))))
+		padded([]byte(recs))
+		data := make([]byte, 513)
+		copy(data, fmt.Sprintf("1\n%d\n1\n", realsize-1))
+		data[512] = 'x'
+		padded(ustarBlock("GNUSparseFile.0/"+name, tar.TypeReg, int64(len(data))))
+		padded(data)
+	}
+	buf.Write(make([]byte, 1024))
+	return buf.Bytes()
+}
+
+// TestSparseEntryBypassesMaxBytes (F3): sparse entries expand to zeros the
+// decompressed-stream cap never sees; they are refused, in Unpack,
+// MergeLayers and PackDelta, and entry sizes add up against MaxBytes.
+func TestSparseEntryBypassesMaxBytes(t *testing.T) {
+	raw := sparseTar(10, 60<<20)
+	if tr := tar.NewReader(bytes.NewReader(raw)); true {
+		h, err := tr.Next()
+		if err != nil || h.Size != 60<<20 {
+			t.Fatalf("generator: %v %+v", err, h)
+		}
+	}
+	layer := zstdOf(t, raw)
+	base := t.TempDir()
+	target := filepath.Join(base, "target")
+	_, err := Unpack(context.Background(), bytes.NewReader(layer), target, ApplyOptions{MaxBytes: 64 << 20})
+	if !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), "sparse") {
+		t.Errorf("Unpack: got %v, want a sparse refusal", err)
+	}
+	if ents, _ := os.ReadDir(base); len(ents) != 0 {
+		t.Errorf("left %q", ents[0].Name())
+	}
+
+	src := mkdir(t, filepath.Join(t.TempDir(), "src"))
+	os.WriteFile(filepath.Join(src, "a"), []byte("a"), 0o644)
+	good, m := packDir(t, src, PackOptions{Index: true})
+	delta, _ := packDir(t, src, PackOptions{Base: m})
+	for name, run := range map[string]func() error{
+		"MergeLayers base": func() error {
+			_, err := MergeLayers(context.Background(), bytes.NewReader(layer), bytes.NewReader(delta), io.Discard, MergeOptions{MaxBytes: 64 << 20})
+			return err
+		},
+		"MergeLayers delta": func() error {
+			_, err := MergeLayers(context.Background(), bytes.NewReader(good), bytes.NewReader(layer), io.Discard, MergeOptions{MaxBytes: 64 << 20})
+			return err
+		},
+		"PackDelta": func() error {
+			_, err := PackDelta(context.Background(), m, bytes.NewReader(layer), io.Discard, PackOptions{})
+			return err
+		},
+	} {
+		if err := run(); !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), "sparse") {
+			t.Errorf("%s: got %v, want a sparse refusal", name, err)
+		}
+	}
+
+	// The running sum of entry sizes (not only each entry) is capped.
+	var total int64
+	for i, size := range []int64{40, 40} {
+		err := checkSizes(&tar.Header{Name: "f", Size: size}, &total, 64)
+		if (i == 1) != (err != nil) {
+			t.Errorf("entry %d: checkSizes = %v", i, err)
+		}
+	}
+}
+
+// TestDirHeaderMemoryRetained (F4): directory entries are kept until the
+// end of the stream as a compact record, not as whole headers with their
+// PAX records; what is kept is bounded.
+func TestDirHeaderMemoryRetained(t *testing.T) {
+	const n = 300
+	pad := strings.Repeat("a", 1000000)
+	var hdrs []*tar.Header
+	for i := range n {
+		hdrs = append(hdrs, &tar.Header{Typeflag: tar.TypeDir, Name: fmt.Sprintf("d%03d/", i), Mode: 0o755,
+			PAXRecords: map[string]string{"REVIEW.pad": pad}})
+	}
+	layer := zstdOf(t, tarOf(t, hdrs...))
+	var ms runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&ms)
+	before, peak := ms.HeapAlloc, ms.HeapAlloc
+	count := 0
+	_, err := Unpack(context.Background(), bytes.NewReader(layer), filepath.Join(t.TempDir(), "target"), ApplyOptions{Progress: func(int64) {
+		if count++; count%50 == 0 {
+			runtime.GC()
+			runtime.ReadMemStats(&ms)
+			peak = max(peak, ms.HeapAlloc)
+		}
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if grew := int64(peak) - int64(before); grew > 64<<20 {
+		t.Errorf("live heap grew by %d MiB for %d directories", grew>>20, n)
+	}
+
+	// Attributes retained for directories are budgeted: 80 directories
+	// with ~1 MB of user.* attributes each are refused, not held.
+	hdrs = hdrs[:0]
+	val := strings.Repeat("v", 60<<10)
+	for i := range 80 {
+		x := map[string]string{}
+		for j := range 16 {
+			x[fmt.Sprintf("%suser.a%02d", paxXattr, j)] = val
+		}
+		hdrs = append(hdrs, &tar.Header{Typeflag: tar.TypeDir, Name: fmt.Sprintf("d%03d/", i), Mode: 0o755, PAXRecords: x})
+	}
+	base := t.TempDir()
+	_, err = Unpack(context.Background(), bytes.NewReader(zstdOf(t, tarOf(t, hdrs...))), filepath.Join(base, "target"), ApplyOptions{})
+	if !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), "directory metadata") {
+		t.Errorf("got %v, want the directory metadata budget refused", err)
+	}
+	if ents, _ := os.ReadDir(base); len(ents) != 0 {
+		t.Errorf("left %q", ents[0].Name())
+	}
+}
+
+// errAtEOF is a verifying reader over a corrupted object: every byte, then
+// a mismatch error instead of io.EOF.
+type errAtEOF struct{ r io.Reader }
+
+func (e errAtEOF) Read(p []byte) (int, error) {
+	n, err := e.r.Read(p)
+	if err == io.EOF {
+		return n, ErrDigestMismatch
+	}
+	return n, err
+}
+
+// TestMergeAndPackDeltaDrainInput (F5): MergeLayers and PackDelta read each
+// input to EOF, so a verifying reader's digest check is not skipped.
+func TestMergeAndPackDeltaDrainInput(t *testing.T) {
+	src := filepath.Join(t.TempDir(), "src")
+	genTree(t, mkdir(t, src), 7, genOptions{MaxFiles: 30, MaxSize: 20000})
+	for _, c := range []Compression{Zstd, Gzip, None} {
+		layer, m := packDir(t, src, PackOptions{Compression: c, Index: true})
+		delta, _ := packDir(t, src, PackOptions{Compression: c, Base: m})
+		ctx := context.Background()
+		for name, run := range map[string]func(bad bool) error{
+			"MergeLayers base": func(bad bool) error {
+				var r io.Reader = bytes.NewReader(layer)
+				if bad {
+					r = errAtEOF{r}
+				}
+				_, err := MergeLayers(ctx, r, bytes.NewReader(delta), io.Discard, MergeOptions{})
+				return err
+			},
+			"MergeLayers delta": func(bad bool) error {
+				var r io.Reader = bytes.NewReader(delta)
+				if bad {
+					r = errAtEOF{r}
+				}
+				_, err := MergeLayers(ctx, bytes.NewReader(layer), r, io.Discard, MergeOptions{})
+				return err
+			},
+			"PackDelta": func(bad bool) error {
+				var r io.Reader = bytes.NewReader(layer)
+				if bad {
+					r = errAtEOF{r}
+				}
+				_, err := PackDelta(ctx, m, r, io.Discard, PackOptions{})
+				return err
+			},
+		} {
+			if err := run(false); err != nil {
+				t.Errorf("%s %s: %v", c, name, err)
+			}
+			if err := run(true); !errors.Is(err, ErrDigestMismatch) {
+				t.Errorf("%s %s over a mismatching source: got %v, want ErrDigestMismatch", c, name, err)
+			}
+		}
+		// Garbage after the layer is refused, like Unpack does.
+		junk := append(append([]byte{}, layer...), make([]byte, maxTrailing+10)...)
+		if c != None {
+			if _, err := PackDelta(ctx, m, bytes.NewReader(junk), io.Discard, PackOptions{}); err == nil {
+				t.Errorf("%s PackDelta with 1 MiB of trailing junk: no error", c)
+			}
+		}
+	}
+}
+
+// TestPackRefusesOpaqueValueOtherThanY (review F6): trusted.overlay.opaque
+// with a value other than "y" (such as Linux 6.7's "x", a directory with
+// xattr whiteouts) is refused by name, not silently packed as not opaque.
+func TestPackRefusesOpaqueValueOtherThanY(t *testing.T) {
+	skipUnlessRoot(t)
+	for _, v := range []string{"x", "n", ""} {
+		dir := t.TempDir()
+		d := mkdir(t, filepath.Join(dir, "d"))
+		if err := unix.Setxattr(d, xattrOpaque, []byte(v), 0); err != nil {
+			t.Skipf("set %s: %v", xattrOpaque, err)
+		}
+		_, err := Pack(context.Background(), dir, io.Discard, PackOptions{})
+		if !errors.Is(err, ErrUnsupported) || !strings.Contains(err.Error(), xattrOpaque) || !strings.Contains(err.Error(), `"d"`) {
+			t.Errorf("opaque=%q: got %v, want ErrUnsupported naming d and the attribute", v, err)
+		}
+	}
+	dir := t.TempDir()
+	d := mkdir(t, filepath.Join(dir, "d"))
+	unix.Setxattr(d, xattrOpaque, []byte("y"), 0)
+	if _, err := Pack(context.Background(), dir, io.Discard, PackOptions{}); err != nil {
+		t.Errorf("opaque=y: %v", err)
+	}
+}
