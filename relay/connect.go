@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -54,11 +55,30 @@ func (cc *clientConn) connect(ctx context.Context, req *http.Request, t target) 
 		cc.p.record(ev)
 		return
 	}
-	// Bytes the sandbox sent after the CONNECT head (a pipelined TLS
-	// ClientHello) are already buffered: they go first.
-	var pre []byte
+	// The tunnel must open with a ClientHello for the host that was judged
+	// (see sni.go). What was read to find out goes first to the upstream,
+	// then whatever else the sandbox pipelined.
+	sni, pre, herr := sniffHello(cc.c, cc.br, time.Now().Add(cc.p.cfg.HeaderTimeout))
+	why := ""
+	switch {
+	case herr != nil && isTimeout(herr):
+		ev.Allow, ev.Code, ev.Reason = false, CodeLimit, fmt.Sprintf("no TLS ClientHello within %s", cc.p.cfg.HeaderTimeout)
+	case herr != nil:
+		ev.Allow, ev.Code, ev.Reason = false, CodeNotTLS, "HTTPS only: "+errNotTLS.Error()
+	default:
+		why = checkSNI(dec.Host, sni)
+		if why != "" {
+			ev.Allow, ev.Code, ev.Reason = false, CodeSNIMismatch, why
+		}
+	}
+	if herr != nil || why != "" {
+		ev.Duration = time.Since(start)
+		cc.p.record(ev)
+		return
+	}
 	if n := cc.br.Buffered(); n > 0 {
-		pre, _ = cc.br.Peek(n)
+		rest, _ := cc.br.Peek(n)
+		pre = append(pre, rest...)
 	}
 	in, out, serr := splice(cc.c, up, pre, cc.p.cfg.IdleTimeout)
 	ev.BytesIn, ev.BytesOut, ev.Duration = in, out, time.Since(start)

@@ -660,8 +660,12 @@ func TestLimits(t *testing.T) {
 		if resp, err := http.ReadResponse(br, nil); err != nil || resp.StatusCode != 200 {
 			t.Fatalf("tunnel: %v %v", resp, err)
 		}
-		if _, err := br.ReadByte(); err != io.EOF {
-			t.Errorf("idle tunnel read = %v, want EOF when the proxy closes it", err)
+		tc := tls.Client(c, &tls.Config{ServerName: "api.example.com", RootCAs: e.ca.Pool})
+		if err := tc.Handshake(); err != nil {
+			t.Fatalf("TLS through the tunnel: %v", err)
+		}
+		if _, err := tc.Read(make([]byte, 1)); err == nil {
+			t.Errorf("idle tunnel read succeeded, want the proxy to close it")
 		}
 		if ev := e.event(1); !strings.Contains(ev.Error, "idle") {
 			t.Errorf("event error = %q, want it to say idle", ev.Error)
@@ -830,6 +834,76 @@ func TestRouteStreamsRequestBody(t *testing.T) {
 	if resp := <-done; resp != nil {
 		if b := body(t, resp); b != "ok" {
 			t.Errorf("got %q", b)
+		}
+	}
+}
+
+// TestConnectChecksClientHello: the tunnel's bytes go to the judged host's
+// address whatever they say, so a ClientHello naming another server (a
+// site sharing a CDN address) or a tunnel that is not TLS is cut, with an
+// audit event saying why.
+func TestConnectChecksClientHello(t *testing.T) {
+	e := newEnv(t, `{"mode":"custom","allowedHosts":["api.example.com"]}`, "", func(c *Config) { c.HeaderTimeout = 2 * time.Second })
+	// The upstream would serve the other name too: only the proxy stops it.
+	srv := e.ca.Server(t, http.HandlerFunc(hello), "api.example.com", "other.example.org")
+	a := tlstest.Addr(srv)
+	e.dns.Set("api.example.com", a)
+	e.decider.AllowPrivate = []netip.Prefix{netip.PrefixFrom(a, 32)}
+
+	open := func() net.Conn {
+		c, br := e.dial()
+		io.WriteString(c, "CONNECT api.example.com:443 HTTP/1.1\r\n\r\n")
+		if resp, err := http.ReadResponse(br, nil); err != nil || resp.StatusCode != 200 {
+			t.Fatalf("tunnel: %v %v", resp, err)
+		}
+		return c
+	}
+	tc := tls.Client(open(), &tls.Config{ServerName: "other.example.org", RootCAs: e.ca.Pool})
+	if err := tc.Handshake(); err == nil {
+		t.Errorf("a ClientHello for other.example.org went through a tunnel opened for api.example.com")
+	}
+	ev := e.event(1)
+	if ev.Allow || ev.Code != CodeSNIMismatch || !strings.Contains(ev.Reason, `"other.example.org" does not match the CONNECT target api.example.com`) {
+		t.Errorf("event = %+v", ev)
+	}
+
+	c := open()
+	io.WriteString(c, "GET / HTTP/1.1\r\nHost: api.example.com\r\n\r\n")
+	if _, err := c.Read(make([]byte, 1)); err == nil {
+		t.Errorf("plain HTTP through the tunnel got an answer")
+	}
+	if ev := e.event(2); ev.Allow || ev.Code != CodeNotTLS {
+		t.Errorf("event = %+v", ev)
+	}
+
+	tc = tls.Client(open(), &tls.Config{ServerName: "API.Example.com", RootCAs: e.ca.Pool})
+	if err := tc.Handshake(); err != nil {
+		t.Errorf("the matching server name (any case) was refused: %v", err)
+	}
+	tc.Close()
+	if ev := e.event(3); !ev.Allow || ev.Code != "allowed_host" {
+		t.Errorf("event = %+v", ev)
+	}
+}
+
+func TestCheckSNI(t *testing.T) {
+	name := netpolicy.Host{Name: "api.example.com"}
+	ip := netpolicy.Host{Addr: netip.MustParseAddr("203.0.113.7")}
+	for _, tt := range []struct {
+		target netpolicy.Host
+		sni    string
+		ok     bool
+	}{
+		{name, "api.example.com", true},
+		{name, "API.EXAMPLE.COM.", true},
+		{name, "", false},
+		{name, "evil.example.com", false},
+		{name, "api.example.com.evil.com", false},
+		{ip, "", true},
+		{ip, "api.example.com", false},
+	} {
+		if got := checkSNI(tt.target, tt.sni) == ""; got != tt.ok {
+			t.Errorf("checkSNI(%v, %q) ok = %v, want %v", tt.target, tt.sni, got, tt.ok)
 		}
 	}
 }
