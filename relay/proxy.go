@@ -214,9 +214,9 @@ func (p *Proxy) ServeConn(ctx context.Context, c net.Conn, sb *Sandbox) {
 		return
 	}
 	defer p.untrack(c)
-	defer c.Close()
 	cc := newClientConn(p, sb, c)
-	defer cc.release()
+	defer cc.release() // after the Close below: nothing reads c's buffers then
+	defer c.Close()
 	// Every connection counts against the sandbox's cap from the moment it
 	// is accepted, idle or half-sent ones included: each holds buffers.
 	if !sb.acquire(p.cfg.MaxConns) {

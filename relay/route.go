@@ -114,6 +114,9 @@ const wholeBodyMax = 256 << 10
 // as it streams.
 func scrub(resp *http.Response, applied transforms.Applied) error {
 	known := resp.ContentLength
+	if resp.Body == nil || resp.Body == http.NoBody || resp.Request != nil && resp.Request.Method == http.MethodHead {
+		known = -1 // no body to read whole; a HEAD keeps the length it announced
+	}
 	if err := applied.ScrubResponse(resp); err != nil {
 		return &Error{Status: http.StatusBadGateway, Code: CodeTransform, Reason: "response could not be scrubbed of the swapped credential", Err: err}
 	}
@@ -184,6 +187,11 @@ func outboundRequest(ctx context.Context, req *http.Request, dec netpolicy.Decis
 	}
 	out.URL = u // keep RawPath exactly as sent
 	out.ContentLength = req.ContentLength
+	if req.ContentLength < 0 {
+		// Say so, or net/http probes the body with a goroutine of its own
+		// that can outlive the request and read the sandbox's connection.
+		out.TransferEncoding = []string{"chunked"}
+	}
 	if req.ContentLength == 0 {
 		out.Body = http.NoBody
 	}

@@ -13,7 +13,10 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/sandgate/sandgate/netpolicy"
 )
@@ -74,8 +77,55 @@ func (u *upstreamPool) closeIdle() {
 	}
 }
 
-// get returns an idle connection to host whose address dec checked, or nil.
+// get returns an idle connection to host whose address dec checked and
+// that is still quiet (see idleQuiet), or nil.
 func (u *upstreamPool) get(host string, dec *netpolicy.Decision) *upstreamConn {
+	for range maxIdlePerHost {
+		c := u.take(host, dec)
+		if c == nil || idleQuiet(c) {
+			return c
+		}
+		c.c.Close()
+	}
+	return nil
+}
+
+// idleQuiet reports whether a pooled connection has nothing to read: an
+// upstream that closed it (or reset it), or sent bytes nobody asked for
+// (which would be taken for the next request's response), makes it
+// unusable. It peeks at the socket without blocking (one recv with
+// MSG_PEEK|MSG_DONTWAIT), so a reuse costs no wait. Bytes already pulled
+// into the TLS layer's own buffer are not seen; they would surface as a
+// malformed or wrong response, never as another request's secret.
+func idleQuiet(c *upstreamConn) bool {
+	if c.br.Buffered() > 0 {
+		return false
+	}
+	tc, ok := c.c.(*tls.Conn)
+	if !ok {
+		return true
+	}
+	sc, ok := tc.NetConn().(syscall.Conn)
+	if !ok {
+		return true
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	quiet := false
+	rerr := rc.Read(func(fd uintptr) bool {
+		var b [1]byte
+		n, _, err := unix.Recvfrom(int(fd), b[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
+		quiet = n <= 0 && errors.Is(err, unix.EAGAIN)
+		return true // never wait
+	})
+	return rerr == nil && quiet
+}
+
+// take removes and returns an idle connection to host whose address dec
+// checked, or nil.
+func (u *upstreamPool) take(host string, dec *netpolicy.Decision) *upstreamConn {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	cs := u.idle[host]
@@ -106,12 +156,31 @@ func (u *upstreamPool) get(host string, dec *netpolicy.Decision) *upstreamConn {
 
 func (u *upstreamPool) put(host string, c *upstreamConn) {
 	c.used = time.Now()
+	var expired []*upstreamConn
 	u.mu.Lock()
+	for h, cs := range u.idle { // sweep every host, so nothing idles forever
+		keep := cs[:0]
+		for _, ic := range cs {
+			if c.used.Sub(ic.used) > upstreamIdleTTL {
+				expired = append(expired, ic)
+			} else {
+				keep = append(keep, ic)
+			}
+		}
+		if len(keep) == 0 {
+			delete(u.idle, h)
+		} else {
+			u.idle[h] = keep
+		}
+	}
 	if c.gen == u.gen && len(u.idle[host]) < maxIdlePerHost {
 		u.idle[host] = append(u.idle[host], c)
 		c = nil
 	}
 	u.mu.Unlock()
+	for _, ic := range expired {
+		ic.c.Close()
+	}
 	if c != nil {
 		c.c.Close()
 	}
@@ -120,6 +189,11 @@ func (u *upstreamPool) put(host string, c *upstreamConn) {
 // dial connects to an address dec checked and completes TLS, verifying the
 // certificate for host.
 func (u *upstreamPool) dial(ctx context.Context, host string, dec *netpolicy.Decision) (*upstreamConn, error) {
+	// The generation is taken before dialing: a policy change during the
+	// dial keeps this connection out of the pool.
+	u.mu.Lock()
+	gen := u.gen
+	u.mu.Unlock()
 	raw, err := u.p.cfg.Decider.Dial(ctx, dec)
 	if err != nil {
 		return nil, err
@@ -136,9 +210,6 @@ func (u *upstreamPool) dial(ctx context.Context, host string, dec *netpolicy.Dec
 		raw.Close()
 		return nil, fmt.Errorf("TLS handshake with %s: %w", host, err)
 	}
-	u.mu.Lock()
-	gen := u.gen
-	u.mu.Unlock()
 	return &upstreamConn{c: tc, br: bufio.NewReaderSize(tc, 16<<10), bw: bufio.NewWriterSize(tc, 16<<10), addr: dec.Addr, gen: gen}, nil
 }
 
@@ -177,11 +248,13 @@ func (u *upstreamPool) exchange(ctx context.Context, out *http.Request, host str
 	body := out.Body
 	bodyRead := false
 	if body != nil && body != http.NoBody {
-		out.Body = readTracker{body, &bodyRead}
+		out.Body = readTracker{r: body, read: &bodyRead, c: c.c, idle: u.p.cfg.IdleTimeout}
 	}
-	// fail closes the connection. A reused connection that fails before
-	// the upstream sent a byte and before any of the body was consumed was
-	// closed by the upstream while idle: the caller may retry.
+	// fail closes the connection. A reused connection that the upstream
+	// had closed while idle may be retried on a fresh one, but only a
+	// request without a body whose method is idempotent, and only when not
+	// a byte of a response arrived: the upstream may have acted on it.
+	retryable := c.reused && (body == nil || body == http.NoBody) && idempotent(out.Method)
 	fail := func(err error) (*http.Response, error) {
 		stop()
 		c.c.Close()
@@ -189,11 +262,14 @@ func (u *upstreamPool) exchange(ctx context.Context, out *http.Request, host str
 		if ctx.Err() != nil {
 			return nil, context.Cause(ctx)
 		}
-		if c.reused && !bodyRead && isStale(err) {
+		if retryable && !bodyRead && (errors.Is(err, io.EOF) || errors.Is(err, errConnReset) || errors.Is(err, syscall.EPIPE) || errors.Is(err, net.ErrClosed)) {
 			return nil, errStaleConn
 		}
 		return nil, err
 	}
+	// A write deadline, refreshed as the body is read: an upstream that
+	// stops reading must not hold the request forever.
+	c.c.SetWriteDeadline(time.Now().Add(u.p.cfg.IdleTimeout))
 	// Given a *bufio.Writer, net/http flushes after each chunk of a body of
 	// unknown length, so a request body the sandbox streams is not held back.
 	if err := out.Write(c.bw); err != nil {
@@ -202,12 +278,20 @@ func (u *upstreamPool) exchange(ctx context.Context, out *http.Request, host str
 	if err := c.bw.Flush(); err != nil {
 		return fail(err)
 	}
+	c.c.SetWriteDeadline(time.Time{})
 	c.c.SetReadDeadline(time.Now().Add(u.p.cfg.ResponseHeaderTimeout))
+	if c.canceled.Load() {
+		c.c.SetDeadline(time.Unix(1, 0)) // the context ended meanwhile: keep it cut
+	}
 	var resp *http.Response
 	for {
 		r, err := http.ReadResponse(c.br, out)
 		if err != nil {
+			if errors.Is(err, io.EOF) && c.br.Buffered() == 0 {
+				return fail(err) // closed before a byte of a response
+			}
 			if isStale(err) || isTimeout(err) || ctx.Err() != nil {
+				retryable = false
 				return fail(err)
 			}
 			return fail(&protocolError{err})
@@ -225,7 +309,14 @@ func (u *upstreamPool) exchange(ctx context.Context, out *http.Request, host str
 		return fail(errors.New("upstream switched protocols; base-URL routes carry HTTP only"))
 	}
 	reusable := !resp.Close && !out.Close
-	resp.Body = &upstreamBody{rc: resp.Body, u: u, host: host, c: c, stop: stop, reusable: reusable}
+	ub := &upstreamBody{rc: resp.Body, u: u, host: host, c: c, stop: stop, reusable: reusable}
+	if resp.Body == http.NoBody {
+		// HEAD, 204, 304: nothing to read; the connection is free now, and
+		// the body stays NoBody so that nobody mistakes it for one.
+		ub.finish(reusable)
+		return resp, nil
+	}
+	resp.Body = ub
 	return resp, nil
 }
 
@@ -236,13 +327,16 @@ func isStale(err error) bool {
 }
 
 // readTracker notes whether any of a body was read (after which a request
-// can no longer be retried).
+// can no longer be retried) and refreshes the upstream write deadline.
 type readTracker struct {
 	r    io.ReadCloser
 	read *bool
+	c    net.Conn
+	idle time.Duration
 }
 
 func (t readTracker) Read(p []byte) (int, error) {
+	t.c.SetWriteDeadline(time.Now().Add(t.idle))
 	n, err := t.r.Read(p)
 	if n > 0 {
 		*t.read = true
@@ -301,4 +395,14 @@ func (b *upstreamBody) finish(reuse bool) {
 		return
 	}
 	b.c.c.Close()
+}
+
+// idempotent methods may be sent again when a kept-alive connection turns
+// out to have been closed (RFC 9110 §9.2.2).
+func idempotent(method string) bool {
+	switch method {
+	case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
+		return true
+	}
+	return false
 }
