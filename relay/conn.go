@@ -10,7 +10,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
-	"sync/atomic"
+	"sync"
 	"time"
 
 	"github.com/sandgate/sandgate/relay/audit"
@@ -23,9 +23,12 @@ type clientConn struct {
 	c  net.Conn
 	br *bufio.Reader
 	bw *bufio.Writer
-	// busy is set while a request is being read or served; a connection
-	// that is not busy may be closed when its Serve context ends.
-	busy atomic.Bool
+	// stateMu guards busy and stopping. busy is set while a request is
+	// read or served; a connection that is not busy is closed when its
+	// Serve context ends (stopping), one that is finishes its request first.
+	stateMu  sync.Mutex
+	busy     bool
+	stopping bool
 }
 
 func newClientConn(p *Proxy, sb *Sandbox, c net.Conn) *clientConn {
@@ -64,15 +67,16 @@ func (cc *clientConn) serve(ctx context.Context) {
 		if first {
 			wait = cc.p.cfg.HeaderTimeout
 		}
-		cc.busy.Store(false)
-		if ctx.Err() != nil {
+		if !cc.setBusy(false) {
 			return
 		}
 		cc.c.SetReadDeadline(time.Now().Add(wait))
 		if _, err := cc.br.Peek(1); err != nil {
 			return // closed or idle: nothing to answer
 		}
-		cc.busy.Store(true)
+		if !cc.setBusy(true) {
+			return // stopped while the request was arriving
+		}
 		cc.c.SetReadDeadline(time.Now().Add(cc.p.cfg.HeaderTimeout))
 		req, err := cc.readRequest()
 		if err != nil {
@@ -83,6 +87,26 @@ func (cc *clientConn) serve(ctx context.Context) {
 		if !cc.handle(cc.p.hard, req) {
 			return
 		}
+	}
+}
+
+// setBusy marks the connection busy or idle and reports whether it may go
+// on (false once its Serve context ended).
+func (cc *clientConn) setBusy(b bool) bool {
+	cc.stateMu.Lock()
+	defer cc.stateMu.Unlock()
+	cc.busy = b
+	return !cc.stopping
+}
+
+// stop is called when the Serve context ends: an idle connection is closed
+// now, a busy one when its request is done.
+func (cc *clientConn) stop() {
+	cc.stateMu.Lock()
+	defer cc.stateMu.Unlock()
+	cc.stopping = true
+	if !cc.busy {
+		cc.c.Close()
 	}
 }
 

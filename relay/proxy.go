@@ -224,11 +224,7 @@ func (p *Proxy) ServeConn(ctx context.Context, c net.Conn, sb *Sandbox) {
 		return
 	}
 	defer sb.release()
-	stop := context.AfterFunc(ctx, func() {
-		if !cc.busy.Load() {
-			c.Close()
-		}
-	})
+	stop := context.AfterFunc(ctx, cc.stop)
 	defer stop()
 	cc.serve(ctx)
 }
