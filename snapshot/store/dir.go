@@ -89,7 +89,7 @@ func (d *Dir) Put(ctx context.Context, name string, r io.Reader, opts PutOptions
 	if dir == "" {
 		dir = "."
 	}
-	if err := d.root.MkdirAll(dir, 0o755); err != nil {
+	if err := d.mkdirAll(dir); err != nil {
 		return Info{}, fmt.Errorf("put %s: %w", name, err)
 	}
 	if opts.IfNotExist {
@@ -177,6 +177,28 @@ func (w *writeback) Write(p []byte) (int, error) {
 		w.flushed = w.off
 	}
 	return n, err
+}
+
+// mkdirAll creates dir and its missing parents, fsyncing the parent of each
+// directory it creates: an object renamed into a new directory survives a
+// crash only if the directory's own entry does.
+func (d *Dir) mkdirAll(dir string) error {
+	if dir == "." {
+		return nil
+	}
+	parent := "."
+	for _, c := range strings.Split(dir, "/") {
+		p := path.Join(parent, c)
+		if err := d.root.Mkdir(p, 0o755); err == nil {
+			if err := d.syncDir(parent); err != nil {
+				return err
+			}
+		} else if !errors.Is(err, fs.ErrExist) {
+			return err
+		}
+		parent = p
+	}
+	return nil
 }
 
 func (d *Dir) syncDir(dir string) error {
