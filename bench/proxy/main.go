@@ -32,6 +32,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -153,11 +154,18 @@ func run(bin string, bulk int64, dur time.Duration, conc, latN int) error {
 	// 1. Tunnel throughput: best of 3, alternating.
 	var dT, pT float64
 	dc := direct()
+	cpu0 := procCPU(cmd.Process.Pid)
 	for range 3 {
 		dT = max(dT, throughput(dc, directURL+"/bulk?n="+strconv.FormatInt(bulk, 10), bulk))
 		pT = max(pT, throughput(tunnel, directURL+"/bulk?n="+strconv.FormatInt(bulk, 10), bulk))
 	}
+	proxyCPU := procCPU(cmd.Process.Pid) - cpu0
 	fmt.Printf("CONNECT tunnel throughput  direct %8.0f MB/s   proxy %8.0f MB/s   ratio %.2f  (target >= 0.90)\n", dT/1e6, pT/1e6, pT/dT)
+	// Where the tunnel's cost goes: the proxy's own CPU per GiB carried,
+	// against the wall time a GiB takes direct (2 cores shared by client,
+	// upstream and proxy).
+	gib := float64(3*bulk) / (1 << 30)
+	fmt.Printf("  proxy CPU per GiB tunneled %6.2f s   (direct: %.2f s of wall time per GiB)\n", proxyCPU.Seconds()/gib, (1<<30)/dT)
 
 	// 2. Request rate, concurrent keep-alive clients.
 	dR := rate(direct(), directURL+"/small", conc, dur)
@@ -372,3 +380,21 @@ func pct(ds []time.Duration, p int) time.Duration {
 }
 
 func us(d time.Duration) float64 { return float64(d) / 1e3 }
+
+// procCPU returns the user+system CPU time a process has used so far.
+func procCPU(pid int) time.Duration {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// Fields after the command name (which is in parentheses and may hold
+	// spaces): state is field 3, utime 14, stime 15 (clock ticks, 100/s).
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+	if len(f) < 13 {
+		return 0
+	}
+	ut, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(ut+st) * (time.Second / 100)
+}
