@@ -29,6 +29,9 @@ type clientConn struct {
 	stateMu  sync.Mutex
 	busy     bool
 	stopping bool
+	// linger asks for a lingering close: the last response was sent while
+	// the sandbox was still sending its request body.
+	linger bool
 }
 
 func newClientConn(p *Proxy, sb *Sandbox, c net.Conn) *clientConn {
@@ -85,9 +88,31 @@ func (cc *clientConn) serve(ctx context.Context) {
 		}
 		cc.c.SetReadDeadline(time.Time{})
 		if !cc.handle(cc.p.hard, req) {
+			if cc.linger {
+				cc.lingerClose()
+			}
 			return
 		}
 	}
+}
+
+// lingerMax and lingerBytes bound how long and how much of an unread
+// request body is drained before a connection is closed.
+const (
+	lingerMax   = 2 * time.Second
+	lingerBytes = 4 << 20
+)
+
+// lingerClose half-closes the connection and drains what the sandbox is
+// still sending, for a bounded time, so that the kernel does not answer
+// those bytes with a reset that destroys the response in flight.
+func (cc *clientConn) lingerClose() {
+	cw, ok := cc.c.(interface{ CloseWrite() error })
+	if !ok || cw.CloseWrite() != nil {
+		return
+	}
+	cc.c.SetReadDeadline(time.Now().Add(lingerMax))
+	io.CopyN(io.Discard, cc.c, lingerBytes)
 }
 
 // setBusy marks the connection busy or idle and reports whether it may go

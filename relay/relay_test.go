@@ -907,3 +907,17 @@ func TestCheckSNI(t *testing.T) {
 		}
 	}
 }
+
+// TestRefusalDuringUploadReachesSandbox: a route refused while the sandbox
+// is still sending a large body gets its 403, not a reset.
+func TestRefusalDuringUploadReachesSandbox(t *testing.T) {
+	e := newEnv(t, `{"mode":"custom","allowedHosts":["api.example.com"]}`, "")
+	big := strings.NewReader(strings.Repeat("x", 3<<20)) // more than socket buffers, less than the linger drain
+	resp, err := e.routeClient().Post(e.routeURL("evil.example.com/upload"), "application/octet-stream", big)
+	if err != nil {
+		t.Fatalf("the refusal was lost: %v", err)
+	}
+	if b := body(t, resp); resp.StatusCode != 403 || !strings.Contains(b, "no allowedHosts rule") {
+		t.Errorf("got %d %q, want 403", resp.StatusCode, b)
+	}
+}

@@ -48,11 +48,19 @@ func (cc *clientConn) route(ctx context.Context, req *http.Request, t target) bo
 		}
 		cc.p.record(ev)
 		cc.writeError(e, true)
+		cc.linger = req.ContentLength != 0 && !body.eof.Load()
 		return false
 	}
 	ev.Error = applied.ScrubString(ev.Error)
 	cc.p.record(ev)
-	return keep && (req.ContentLength == 0 || body.eof.Load())
+	if req.ContentLength != 0 && !body.eof.Load() {
+		// The sandbox is still sending a body nobody will read: closing
+		// now would reset the connection under the response it has not
+		// read yet.
+		cc.linger = true
+		return false
+	}
+	return keep
 }
 
 // forward does the work of route; ev is filled as it goes. An error means

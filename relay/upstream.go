@@ -272,19 +272,28 @@ func (u *upstreamPool) exchange(ctx context.Context, out *http.Request, host str
 	c.c.SetWriteDeadline(time.Now().Add(u.p.cfg.IdleTimeout))
 	// Given a *bufio.Writer, net/http flushes after each chunk of a body of
 	// unknown length, so a request body the sandbox streams is not held back.
-	if err := out.Write(c.bw); err != nil {
-		return fail(err)
+	werr := out.Write(c.bw)
+	if werr == nil {
+		werr = c.bw.Flush()
 	}
-	if err := c.bw.Flush(); err != nil {
-		return fail(err)
+	var resp *http.Response
+	if werr != nil {
+		if ctx.Err() != nil || !bodyRead || isTimeout(werr) {
+			return fail(werr)
+		}
+		// The upstream stopped reading the body: it may have answered
+		// first (413, 401), as servers do. That answer is the response.
+		if resp = earlyResponse(c, out); resp == nil {
+			return fail(werr)
+		}
+		c.reused = false
 	}
 	c.c.SetWriteDeadline(time.Time{})
 	c.c.SetReadDeadline(time.Now().Add(u.p.cfg.ResponseHeaderTimeout))
 	if c.canceled.Load() {
 		c.c.SetDeadline(time.Unix(1, 0)) // the context ended meanwhile: keep it cut
 	}
-	var resp *http.Response
-	for {
+	for resp == nil {
 		r, err := http.ReadResponse(c.br, out)
 		if err != nil {
 			if errors.Is(err, io.EOF) && c.br.Buffered() == 0 {
@@ -318,6 +327,30 @@ func (u *upstreamPool) exchange(ctx context.Context, out *http.Request, host str
 	}
 	resp.Body = ub
 	return resp, nil
+}
+
+// earlyResponseWait bounds the look for an answer after a failed upload.
+const earlyResponseWait = 2 * time.Second
+
+// earlyResponse reads a final response the upstream sent before it stopped
+// reading the request body, or returns nil. The connection is not reused.
+func earlyResponse(c *upstreamConn, out *http.Request) *http.Response {
+	c.c.SetReadDeadline(time.Now().Add(earlyResponseWait))
+	for range 4 {
+		r, err := http.ReadResponse(c.br, out)
+		if err != nil {
+			return nil
+		}
+		if r.StatusCode >= 200 {
+			if r.StatusCode == http.StatusSwitchingProtocols {
+				return nil
+			}
+			r.Close = true
+			return r
+		}
+		io.Copy(io.Discard, r.Body)
+	}
+	return nil
 }
 
 // isStale reports errors meaning the peer had closed a kept-alive connection.

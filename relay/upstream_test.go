@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/netip"
 	"strings"
@@ -199,4 +200,27 @@ func TestMalformedUpstreamResponseDoesNotLeakSecret(t *testing.T) {
 		t.Errorf("audit event %+v", ev)
 	}
 	// The env's cleanup greps the logs and every event for the canary.
+}
+
+// TestEarlyUpstreamAnswerDuringUpload: an upstream that refuses a large
+// upload before reading it (413) gets its answer to the sandbox, not a 502
+// for the write that failed. (Found in review.)
+func TestEarlyUpstreamAnswerDuringUpload(t *testing.T) {
+	e := newEnv(t, `{"mode":"custom","allowedHosts":["api.example.com"]}`, "")
+	rawUpstream(t, e, func(i int, raw *net.TCPConn, c *tls.Conn) {
+		br := bufio.NewReader(c)
+		if _, err := http.ReadRequest(br); err != nil {
+			return
+		}
+		io.WriteString(c, "HTTP/1.1 413 Request Entity Too Large\r\nContent-Length: 9\r\nConnection: close\r\n\r\ntoo large")
+		c.Close()
+	})
+	big := strings.NewReader(strings.Repeat("x", 3<<20)) // more than socket buffers, less than the linger drain
+	resp, err := e.routeClient().Post(e.routeURL("api.example.com/upload"), "application/octet-stream", big)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := body(t, resp); resp.StatusCode != 413 || b != "too large" {
+		t.Errorf("got %d %q, want the upstream's 413", resp.StatusCode, b)
+	}
 }
