@@ -195,7 +195,7 @@ type refusal struct {
 func (d *Decider) refuse(p Policy, a netip.Addr) (refusal, bool) {
 	// An IPv6 form that carries an IPv4 address (NAT64, 6to4, mapped, …)
 	// is denied when the address it carries is.
-	forms := []netip.Addr{a, a.Unmap()}
+	forms := []netip.Addr{a}
 	if v4s, _, ok := embeddedV4(a); ok {
 		forms = append(forms, v4s...)
 	}

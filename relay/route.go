@@ -200,9 +200,6 @@ func outboundRequest(ctx context.Context, req *http.Request, dec netpolicy.Decis
 		// that can outlive the request and read the sandbox's connection.
 		out.TransferEncoding = []string{"chunked"}
 	}
-	if req.ContentLength == 0 {
-		out.Body = http.NoBody
-	}
 	out.Header = req.Header.Clone()
 	stripHop(out.Header)
 	if _, ok := out.Header["User-Agent"]; !ok {

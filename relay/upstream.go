@@ -141,17 +141,7 @@ func (u *upstreamPool) take(host string, dec *netpolicy.Decision) *upstreamConn 
 			return c
 		}
 	}
-	// Stale or no longer allowed: drop them.
-	var keep []*upstreamConn
-	for _, c := range cs {
-		if now.Sub(c.used) > upstreamIdleTTL {
-			c.c.Close()
-		} else {
-			keep = append(keep, c)
-		}
-	}
-	u.idle[host] = keep
-	return nil
+	return nil // expired ones are swept by put
 }
 
 func (u *upstreamPool) put(host string, c *upstreamConn) {

@@ -40,7 +40,6 @@ type zjob struct {
 type zresult struct {
 	out []byte
 	src []byte
-	err error
 }
 
 func newParallelZstd(w io.Writer, level, workers int) (*parallelZstd, error) {

@@ -51,10 +51,6 @@ type pairMatcher struct {
 	key, value *strMatcher
 }
 
-func (m *pairMatcher) matchPair(k, v string) bool {
-	return (m.key == nil || m.key.match(k)) && (m.value == nil || m.value.match(v))
-}
-
 func (m *pairMatcher) matchAny(pairs map[string][]string) bool {
 	if m.key == nil {
 		for _, vs := range pairs {

@@ -30,6 +30,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -143,7 +144,7 @@ func run(bin string, bulk int64, dur time.Duration, conc, latN int) error {
 	directURL := "https://" + host
 	routeURL := "http://" + proxyAddr + "/https/" + host
 
-	fmt.Printf("sandgate proxy bench: %d cores, upstream %s:443, proxy %s\n\n", runtimeCPUs(), upAddr, proxyAddr)
+	fmt.Printf("sandgate proxy bench: %d cores, upstream %s:443, proxy %s\n\n", runtime.NumCPU(), upAddr, proxyAddr)
 
 	// Warm up both paths (TLS sessions, DNS cache, keep-alive pools).
 	for range 50 {
@@ -177,22 +178,6 @@ func run(bin string, bulk int64, dur time.Duration, conc, latN int) error {
 	fmt.Printf("latency p50                direct %8.1f µs    route %8.1f µs    added %6.1f µs  (target < 100)\n", us(pct(dl, 50)), us(pct(rl, 50)), us(pct(rl, 50)-pct(dl, 50)))
 	fmt.Printf("latency p99                direct %8.1f µs    route %8.1f µs    added %6.1f µs\n", us(pct(dl, 99)), us(pct(rl, 99)), us(pct(rl, 99)-pct(dl, 99)))
 	return nil
-}
-
-func runtimeCPUs() int {
-	n := 0
-	f, err := os.Open("/proc/cpuinfo")
-	if err != nil {
-		return 0
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if len(sc.Text()) > 9 && sc.Text()[:9] == "processor" {
-			n++
-		}
-	}
-	return n
 }
 
 var payload = make([]byte, 256<<10)

@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"log/slog"
-	"os"
 
 	"github.com/urfave/cli/v2"
 
@@ -78,7 +77,3 @@ func splitAll(vals []string) []string {
 	}
 	return out
 }
-
-// envLookup reads the process environment; transformation files refer to
-// secrets by variable name.
-func envLookup(name string) (string, bool) { return os.LookupEnv(name) }

@@ -58,7 +58,7 @@ func runProxy(c *cli.Context) error {
 
 	rules := transforms.NewRuleSet()
 	if f := c.String("transformations"); f != "" {
-		list, err := transforms.LoadRulesFile(f, envLookup)
+		list, err := transforms.LoadRulesFile(f, os.LookupEnv)
 		if err != nil {
 			return badInput("--transformations: %v", err)
 		}
