@@ -100,6 +100,9 @@ func TestUpstreamPoolHonoursNewAnswer(t *testing.T) {
 	if _, got := e.get(t, "api.example.com/1"); got != "A" {
 		t.Fatalf("first request went to %q, want A", got)
 	}
+	// Each get is a new client connection: the first request's event may
+	// still be on its way when the second one finishes. Wait for it.
+	e.event(1)
 	if _, got := e.get(t, "api.example.com/2"); got != "B" {
 		t.Errorf("second request went to %q over the kept-alive connection; want B, the address just checked", got)
 	}
