@@ -1,0 +1,696 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"net"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/hashicorp/yamux"
+)
+
+// ClientOptions configures the service side of a link.
+type ClientOptions struct {
+	// Config is sent to the agent in the hello exchange.
+	Config Config
+	// Egress is called, each in its own goroutine, with every connection
+	// a sandbox process makes to the relay listener: hand it to
+	// relay.Proxy.ServeConn under this sandbox's identity. The handler owns
+	// the conn and must close it. Nil refuses egress (each connection is
+	// closed at once).
+	Egress func(net.Conn)
+	// Logger receives operational messages. Nil discards.
+	Logger *slog.Logger
+
+	version int // ProtocolVersion when zero; tests play other releases
+}
+
+// Info is what the agent said about itself in the hello exchange.
+type Info struct {
+	Version   int    // its protocol version (always ProtocolVersion)
+	RelayAddr string // the relay listener's bound address inside the sandbox
+	PID       int    // the agent's pid, as the sandbox sees it
+}
+
+// Client is the service side of an agent link: every operation opens a
+// stream on one yamux session. It is safe for concurrent use. Every method
+// that waits takes a context; when it ends, the operation is cut (a command
+// Run under it is killed).
+type Client struct {
+	sess   *yamux.Session
+	opts   ClientOptions
+	log    *slog.Logger
+	info   Info
+	closed atomic.Bool // Close was called
+}
+
+// NewClient starts the service side of a link on conn (in production, the
+// stdio of `sandbox exec <id> -- sandgate agent`) and performs the hello
+// exchange under ctx. An agent of another protocol version is refused with
+// an error matching ErrVersionMismatch. On error conn is closed.
+func NewClient(ctx context.Context, conn io.ReadWriteCloser, opts ClientOptions) (*Client, error) {
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	sess, err := yamux.Client(conn, yamuxConfig(log))
+	if err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("agent link: %w", err)
+	}
+	c := &Client{sess: sess, opts: opts, log: log}
+	if c.opts.version == 0 {
+		c.opts.version = ProtocolVersion
+	}
+	cfg := opts.Config
+	o, resp, err := c.open(ctx, request{Op: "hello", Version: c.opts.version, Config: &cfg})
+	if err != nil {
+		sess.Close()
+		return nil, err
+	}
+	o.close()
+	if resp.Version != c.opts.version {
+		sess.Close()
+		return nil, &Error{Op: "hello", Code: codeVersion, Message: fmt.Sprintf("the agent speaks protocol %d and the service %d: run the sandgate agent of the service's own release in the sandbox", resp.Version, c.opts.version)}
+	}
+	c.info = Info{Version: resp.Version, RelayAddr: resp.RelayAddr, PID: resp.PID}
+	// Egress streams opened before this wait in yamux's accept backlog.
+	go c.acceptLoop()
+	return c, nil
+}
+
+// Info returns what the agent reported in the hello exchange.
+func (c *Client) Info() Info { return c.info }
+
+// Done is closed when the link is down: the agent exited, its stdio
+// closed, keep-alives failed, or Close was called. The launcher watches it
+// to restart the agent.
+func (c *Client) Done() <-chan struct{} { return c.sess.CloseChan() }
+
+// Err returns nil while the link is up, and an error matching ErrLinkDown
+// once it is down.
+func (c *Client) Err() error {
+	if !c.sess.IsClosed() {
+		return nil
+	}
+	if c.closed.Load() {
+		return fmt.Errorf("%w: closed by Client.Close", ErrLinkDown)
+	}
+	return fmt.Errorf("%w: the agent or its stdio went away", ErrLinkDown)
+}
+
+// Close closes the link. The agent then kills every command it started and
+// exits.
+func (c *Client) Close() error {
+	c.closed.Store(true)
+	return c.sess.Close()
+}
+
+// acceptLoop serves the streams the agent opens: egress connections.
+func (c *Client) acceptLoop() {
+	for {
+		st, err := c.sess.AcceptStream()
+		if err != nil {
+			return
+		}
+		go c.incoming(st)
+	}
+}
+
+func (c *Client) incoming(st *yamux.Stream) {
+	var buf []byte
+	var req request
+	st.SetReadDeadline(time.Now().Add(requestTimeout))
+	kind, p, err := readFrame(st, &buf)
+	if err == nil && kind == kindMsg {
+		req, err = decodeRequest(p)
+	} else if err == nil {
+		err = errProtocol
+	}
+	st.SetReadDeadline(time.Time{})
+	if err != nil || req.Op != "egress" || c.opts.Egress == nil {
+		if err != nil {
+			c.log.Warn("agent: bad stream from the agent", "err", err)
+		}
+		st.SetDeadline(timeZero1)
+		st.Close()
+		return
+	}
+	c.opts.Egress(&streamConn{Stream: st, local: Addr{c.info.RelayAddr}, remote: Addr{req.From}})
+}
+
+// opStream is one operation's stream on the client side.
+type opStream struct {
+	st   *yamux.Stream
+	f    *framer
+	buf  []byte
+	stop func() bool // detaches the context
+}
+
+func (o *opStream) close() {
+	o.stop()
+	o.st.Close()
+}
+
+// abort cuts the stream both ways.
+func (o *opStream) abort() {
+	o.stop()
+	o.st.SetDeadline(timeZero1)
+	o.st.Close()
+}
+
+// open starts an operation: a stream, its request and the agent's first
+// response. While the returned stream is attached, ctx ending cuts it.
+func (c *Client) open(ctx context.Context, req request) (*opStream, response, error) {
+	var resp response
+	if err := ctx.Err(); err != nil {
+		return nil, resp, fmt.Errorf("agent %s: %w", req.Op, context.Cause(ctx))
+	}
+	st, err := c.sess.OpenStream()
+	if err != nil {
+		return nil, resp, c.fail(ctx, req.Op, err)
+	}
+	o := &opStream{st: st, f: newFramer(st)}
+	o.stop = context.AfterFunc(ctx, func() { st.SetDeadline(timeZero1) })
+	if err := o.f.msg(req); err != nil {
+		o.abort()
+		return nil, resp, c.fail(ctx, req.Op, err)
+	}
+	if err := readMsg(st, &o.buf, &resp); err != nil {
+		o.abort()
+		return nil, resp, c.fail(ctx, req.Op, err)
+	}
+	if resp.Error != nil {
+		o.close()
+		return nil, resp, resp.Error.toError(req.Op)
+	}
+	return o, resp, nil
+}
+
+// call is a request with one response and nothing after.
+func (c *Client) call(ctx context.Context, req request) (response, error) {
+	o, resp, err := c.open(ctx, req)
+	if err != nil {
+		return resp, err
+	}
+	o.close()
+	return resp, nil
+}
+
+// fail explains an error on an operation's stream: the context's cause,
+// the link being down, or what went wrong on the stream.
+func (c *Client) fail(ctx context.Context, op string, err error) error {
+	var ae *Error
+	switch {
+	case errors.As(err, &ae):
+		if ae.Op == "" {
+			ae.Op = op
+		}
+		return ae
+	case ctx != nil && ctx.Err() != nil:
+		return fmt.Errorf("agent %s: %w", op, context.Cause(ctx))
+	case c.sess.IsClosed():
+		return fmt.Errorf("agent %s: %w", op, c.Err())
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
+		return fmt.Errorf("agent %s: the agent ended the stream without an answer", op)
+	}
+	return fmt.Errorf("agent %s: %w", op, err)
+}
+
+// Ping checks that the agent answers (not just the link: the agent's
+// dispatcher) and returns the round-trip time.
+func (c *Client) Ping(ctx context.Context) (time.Duration, error) {
+	start := time.Now()
+	_, err := c.call(ctx, request{Op: "ping"})
+	return time.Since(start), err
+}
+
+// ---- commands ----
+
+// Cmd is a command to run in the sandbox.
+type Cmd struct {
+	// Args is the program and its arguments. A program without a slash is
+	// looked up in the command's own PATH.
+	Args []string
+	// Env is what the command sets, as KEY=VALUE (later entries win), on
+	// top of the sandbox's environment; see README.md for what every
+	// command gets and what it cannot change.
+	Env []string
+	// Dir is the working directory (absolute); empty means HOME.
+	Dir string
+	// Stdin, when set, is copied to the command's stdin, then EOF. Nil
+	// gives an empty stdin (/dev/null), unless StdinPipe is set.
+	Stdin io.Reader
+	// StdinPipe (with Stdin nil) makes Spawn return a Process whose Stdin
+	// writes to the command's stdin; closing it sends EOF.
+	StdinPipe bool
+	// Stdout and Stderr receive the command's output as it comes; nil
+	// discards it. A slow writer slows the command (no buffering without
+	// bound). They are called from one goroutine, never concurrently.
+	Stdout, Stderr io.Writer
+	// WaitDelay is how long output is still read after the command's own
+	// process exits (background processes may hold its stdout); zero
+	// means DefaultWaitDelay.
+	WaitDelay time.Duration
+}
+
+// ExitStatus is how a command ended: an exit code, or the signal that
+// killed it.
+type ExitStatus struct {
+	// Code is the exit code, or -1 when a signal ended the command.
+	Code int
+	// Signal is the signal that ended the command, or 0.
+	Signal syscall.Signal
+}
+
+// Success reports whether the command exited with code 0.
+func (e ExitStatus) Success() bool { return e.Code == 0 && e.Signal == 0 }
+
+func (e ExitStatus) String() string {
+	if e.Signal != 0 {
+		return "signal: " + e.Signal.String()
+	}
+	return "exit status " + strconv.Itoa(e.Code)
+}
+
+// Process is a command started by Spawn. Its output is delivered to the
+// Cmd's writers from the moment it starts; Wait for its end, or Signal it.
+// A Process must be waited for (or killed): an unread command blocks once
+// its output fills the link's window.
+type Process struct {
+	// ID is the agent's handle for the command; PID its pid in the sandbox.
+	ID  uint64
+	PID int
+	// Stdin writes to the command's stdin when Cmd.StdinPipe was set (nil
+	// otherwise). Close sends EOF.
+	Stdin io.WriteCloser
+
+	c      *Client
+	o      *opStream
+	done   chan struct{}
+	status ExitStatus
+	err    error
+}
+
+// Spawn starts a command and returns once it runs. ctx bounds the start
+// only: the command outlives it (stop it with Signal).
+func (c *Client) Spawn(ctx context.Context, cmd Cmd) (*Process, error) {
+	if cmd.Stdin != nil && cmd.StdinPipe {
+		return nil, &Error{Op: "exec", Code: codeInvalid, Message: "Cmd.Stdin and Cmd.StdinPipe both set: choose one"}
+	}
+	req := request{Op: "exec", Args: cmd.Args, Env: cmd.Env, Dir: cmd.Dir,
+		Stdin: cmd.Stdin != nil || cmd.StdinPipe, WaitDelayMS: cmd.WaitDelay.Milliseconds()}
+	if cmd.WaitDelay > 0 && req.WaitDelayMS == 0 {
+		req.WaitDelayMS = 1
+	}
+	o, resp, err := c.open(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	o.stop() // the command outlives ctx
+	p := &Process{ID: resp.ID, PID: resp.PID, c: c, o: o, done: make(chan struct{})}
+	switch {
+	case cmd.Stdin != nil:
+		go stdinCopier{f: o.f, r: cmd.Stdin}.run()
+	case cmd.StdinPipe:
+		p.Stdin = &stdinWriter{f: o.f}
+	default:
+		o.f.msg(response{End: true})
+	}
+	go p.read(cmd.Stdout, cmd.Stderr)
+	return p, nil
+}
+
+// stdinCopier copies a Cmd's Stdin to the command, then sends End. It is a
+// named type so stack traces say what a goroutine is doing.
+type stdinCopier struct {
+	f *framer
+	r io.Reader
+}
+
+func (s stdinCopier) run() {
+	buf := make([]byte, dataChunk)
+	// A source that fails ends the command's stdin too: EOF is all a
+	// stdin can say.
+	io.CopyBuffer(dataWriter{s.f, kindData}, s.r, buf)
+	s.f.msg(response{End: true})
+}
+
+// stdinWriter is a Process's Stdin.
+type stdinWriter struct {
+	f      *framer
+	closed atomic.Bool
+}
+
+func (w *stdinWriter) Write(p []byte) (int, error) {
+	if w.closed.Load() {
+		return 0, fs.ErrClosed
+	}
+	return dataWriter{w.f, kindData}.Write(p)
+}
+
+func (w *stdinWriter) Close() error {
+	if w.closed.Swap(true) {
+		return nil
+	}
+	return w.f.msg(response{End: true})
+}
+
+// read delivers output until the exit message. A writer that fails is
+// dropped (its error is reported by Wait) and the rest of its output is
+// discarded, so the command is not blocked by it.
+func (p *Process) read(stdout, stderr io.Writer) {
+	defer close(p.done)
+	defer p.o.close()
+	var werr error
+	write := func(w *io.Writer, b []byte) {
+		if *w == nil {
+			return
+		}
+		if _, err := (*w).Write(b); err != nil {
+			if werr == nil {
+				werr = fmt.Errorf("agent exec: writing the command's output: %w", err)
+			}
+			*w = nil
+		}
+	}
+	for {
+		kind, payload, err := readFrame(p.o.st, &p.o.buf)
+		if err != nil {
+			p.err = p.c.fail(nil, "exec", err)
+			p.status.Code = -1
+			return
+		}
+		switch kind {
+		case kindData:
+			write(&stdout, payload)
+		case kindStderr:
+			write(&stderr, payload)
+		case kindMsg:
+			var m response
+			if err := decodeMsg(payload, &m); err != nil {
+				p.err, p.status.Code = p.c.fail(nil, "exec", err), -1
+				return
+			}
+			switch {
+			case m.Error != nil:
+				p.err, p.status.Code = m.Error.toError("exec"), -1
+			case m.Exit != nil:
+				p.status = ExitStatus{Code: m.Exit.Code, Signal: syscall.Signal(m.Exit.Signal)}
+				p.err = werr
+			default:
+				p.err, p.status.Code = p.c.fail(nil, "exec", fmt.Errorf("%w: unexpected message", errProtocol)), -1
+			}
+			return
+		}
+	}
+}
+
+// Wait waits for the command to end and returns how it ended. The error
+// is nil for any exit code or signal; it is set when the end could not be
+// known (the link went down: ErrLinkDown) or an output writer failed. If
+// ctx ends first, Wait returns its cause and the command keeps running.
+func (p *Process) Wait(ctx context.Context) (ExitStatus, error) {
+	select {
+	case <-p.done:
+		return p.status, p.err
+	case <-ctx.Done():
+		return ExitStatus{Code: -1}, fmt.Errorf("agent exec: %w", context.Cause(ctx))
+	}
+}
+
+// Done is closed when the command has ended (or its end is lost).
+func (p *Process) Done() <-chan struct{} { return p.done }
+
+// Signal sends sig to the command's whole process group (setpgid), so the
+// processes it started go too. Signalling a command that has ended returns
+// an error matching os.ErrProcessDone.
+func (p *Process) Signal(ctx context.Context, sig syscall.Signal) error {
+	_, err := p.c.call(ctx, request{Op: "signal", ID: p.ID, Signal: int(sig)})
+	return err
+}
+
+// Kill is Signal(ctx, SIGKILL).
+func (p *Process) Kill(ctx context.Context) error { return p.Signal(ctx, syscall.SIGKILL) }
+
+// killWait bounds the wait for a killed command's exit in Run.
+const killWait = 10 * time.Second
+
+// Run runs a command and waits for it. The error is nil for any exit code
+// or signal (read ExitStatus); it is set when the command could not start
+// (a missing program matches fs.ErrNotExist), when its end is unknown, or
+// when ctx ended: then the command's process group is killed and the
+// status is how it ended.
+func (c *Client) Run(ctx context.Context, cmd Cmd) (ExitStatus, error) {
+	p, err := c.Spawn(ctx, cmd)
+	if err != nil {
+		return ExitStatus{Code: -1}, err
+	}
+	select {
+	case <-p.done:
+		return p.status, p.err
+	case <-ctx.Done():
+	}
+	kctx, cancel := context.WithTimeout(context.Background(), killWait)
+	defer cancel()
+	p.Kill(kctx)
+	select {
+	case <-p.done:
+		return p.status, fmt.Errorf("agent exec: %w", context.Cause(ctx))
+	case <-kctx.Done():
+		p.o.abort()
+		return ExitStatus{Code: -1}, fmt.Errorf("agent exec: %w (and the command did not end within %s of SIGKILL)", context.Cause(ctx), killWait)
+	}
+}
+
+// KillAll stops every process in the sandbox but the agent (see
+// KillScope) with SIGKILL, and returns how many it signalled. Commands
+// started by Run or Spawn end with signal: killed.
+func (c *Client) KillAll(ctx context.Context) (int, error) {
+	resp, err := c.call(ctx, request{Op: "killall"})
+	return resp.Killed, err
+}
+
+// ---- files ----
+
+// FileInfo describes a file in the sandbox. It implements fs.FileInfo.
+type FileInfo struct {
+	name    string
+	size    int64
+	mode    fs.FileMode
+	modTime time.Time
+}
+
+func (f FileInfo) Name() string       { return f.name }
+func (f FileInfo) Size() int64        { return f.size }
+func (f FileInfo) Mode() fs.FileMode  { return f.mode }
+func (f FileInfo) ModTime() time.Time { return f.modTime }
+func (f FileInfo) IsDir() bool        { return f.mode.IsDir() }
+func (f FileInfo) Sys() any           { return nil }
+
+var _ fs.FileInfo = FileInfo{}
+
+func fileInfo(w *wireStat) FileInfo {
+	if w == nil {
+		return FileInfo{}
+	}
+	return FileInfo{name: w.Name, size: w.Size, mode: fs.FileMode(w.Mode), modTime: time.Unix(0, w.ModTime)}
+}
+
+// Stat describes the file at path (absolute), following symlinks. A
+// missing file matches fs.ErrNotExist.
+func (c *Client) Stat(ctx context.Context, path string) (FileInfo, error) {
+	resp, err := c.call(ctx, request{Op: "stat", Path: path})
+	return fileInfo(resp.Stat), err
+}
+
+// Mkdir makes a directory and any missing parents (mkdir -p); zero perm
+// means 0755.
+func (c *Client) Mkdir(ctx context.Context, path string, perm fs.FileMode) error {
+	_, err := c.call(ctx, request{Op: "mkdir", Path: path, Mode: uint32(perm.Perm())})
+	return err
+}
+
+// Remove removes a file or an empty directory; with recursive, a tree
+// (and a missing path is then not an error, as with rm -rf).
+func (c *Client) Remove(ctx context.Context, path string, recursive bool) error {
+	_, err := c.call(ctx, request{Op: "remove", Path: path, Recursive: recursive})
+	return err
+}
+
+// ReadFile opens the regular file at path (absolute) for streaming. A
+// missing file matches fs.ErrNotExist. The reader returns io.EOF only when
+// the whole file arrived, and must be closed; ctx ending cuts it.
+func (c *Client) ReadFile(ctx context.Context, path string) (io.ReadCloser, FileInfo, error) {
+	o, resp, err := c.open(ctx, request{Op: "read", Path: path})
+	if err != nil {
+		return nil, FileInfo{}, err
+	}
+	return &fileReader{c: c, ctx: ctx, o: o, dr: dataReader{r: o.st}}, fileInfo(resp.Stat), nil
+}
+
+type fileReader struct {
+	c    *Client
+	ctx  context.Context
+	o    *opStream
+	dr   dataReader
+	once sync.Once
+}
+
+func (r *fileReader) Read(p []byte) (int, error) {
+	n, err := r.dr.Read(p)
+	if err != nil && err != io.EOF {
+		err = r.c.fail(r.ctx, "read", err)
+	}
+	return n, err
+}
+
+func (r *fileReader) Close() error {
+	r.once.Do(func() {
+		if r.dr.err == io.EOF {
+			r.o.close()
+		} else {
+			r.o.abort()
+		}
+	})
+	return nil
+}
+
+// WriteOptions configures WriteFile. The zero value writes mode 0644 with
+// a cap of DefaultMaxWriteBytes.
+type WriteOptions struct {
+	Perm     fs.FileMode // permission bits; zero means 0644
+	MaxBytes int64       // refuse more than this many bytes; zero means DefaultMaxWriteBytes
+}
+
+// WriteFile writes r to path (absolute), creating missing parent
+// directories. The content is streamed to a temporary file beside path and
+// renamed into place only when complete, so a failed, cancelled or capped
+// write (ErrTooLarge) leaves what was there. It returns the bytes written.
+func (c *Client) WriteFile(ctx context.Context, path string, r io.Reader, opts WriteOptions) (int64, error) {
+	o, _, err := c.open(ctx, request{Op: "write", Path: path, Mode: uint32(opts.Perm.Perm()), MaxBytes: opts.MaxBytes})
+	if err != nil {
+		return 0, err
+	}
+	resp, err := c.upload(ctx, "write", o, r)
+	return resp.Written, err
+}
+
+// TarOptions configures TarIn.
+type TarOptions struct {
+	// MaxBytes caps the uncompressed tar stream; zero means
+	// DefaultMaxTarBytes.
+	MaxBytes int64
+}
+
+// TarIn applies a tar stream (bare, gzip or zstd, detected) to dir inside
+// the sandbox, creating it if missing, with the snapshot package's safe
+// extraction: absolute names, "..", writes through symlinks, hardlink
+// escapes, devices and setuid bits are refused (matching ErrRefused and
+// snapshot.ErrRefused), and a refused or incomplete stream changes nothing.
+func (c *Client) TarIn(ctx context.Context, dir string, r io.Reader, opts TarOptions) error {
+	o, _, err := c.open(ctx, request{Op: "tarin", Path: dir, MaxBytes: opts.MaxBytes})
+	if err != nil {
+		return err
+	}
+	_, err = c.upload(ctx, "tarin", o, r)
+	return err
+}
+
+// upload streams r as data frames, then End, and returns the agent's final
+// response. An early answer (a refusal, a cap) stops the upload. If r
+// fails, End is not sent, so the agent discards what it received.
+func (c *Client) upload(ctx context.Context, op string, o *opStream, r io.Reader) (response, error) {
+	type result struct {
+		resp response
+		err  error
+	}
+	res := make(chan result, 1)
+	go func() {
+		var resp response
+		var buf []byte
+		err := readMsg(o.st, &buf, &resp)
+		if err != nil || resp.Error != nil {
+			o.st.SetWriteDeadline(timeZero1) // stop the upload at once
+		}
+		res <- result{resp, err}
+	}()
+	src := &sourceReader{r: r}
+	_, cerr := io.CopyBuffer(dataWriter{o.f, kindData}, src, make([]byte, dataChunk))
+	switch {
+	case src.err != nil:
+		o.st.Close() // EOF without End: the agent discards the upload
+	case cerr == nil:
+		cerr = o.f.msg(response{End: true})
+	}
+	got := <-res
+	o.close()
+	switch {
+	case src.err != nil:
+		return got.resp, fmt.Errorf("agent %s: reading the source: %w (nothing was applied)", op, src.err)
+	case got.err != nil:
+		return got.resp, c.fail(ctx, op, got.err)
+	case got.resp.Error != nil:
+		return got.resp, got.resp.Error.toError(op)
+	case cerr != nil:
+		return got.resp, c.fail(ctx, op, cerr)
+	}
+	return got.resp, nil
+}
+
+// sourceReader tells a failing source from a failing stream.
+type sourceReader struct {
+	r   io.Reader
+	err error
+}
+
+func (s *sourceReader) Read(p []byte) (int, error) {
+	n, err := s.r.Read(p)
+	if err != nil && err != io.EOF {
+		s.err = err
+	}
+	return n, err
+}
+
+// TarOut writes the directory dir of the sandbox to w as a bare PAX tar
+// stream (packed by the snapshot package; sockets are skipped, devices
+// refused). It returns nil only when the whole tree was written.
+func (c *Client) TarOut(ctx context.Context, dir string, w io.Writer) error {
+	o, _, err := c.open(ctx, request{Op: "tarout", Path: dir})
+	if err != nil {
+		return err
+	}
+	dr := &dataReader{r: o.st}
+	_, err = io.CopyBuffer(w, dr, make([]byte, dataChunk))
+	if err != nil {
+		o.abort()
+		if dr.err != nil && dr.err != io.EOF {
+			return c.fail(ctx, "tarout", dr.err)
+		}
+		return fmt.Errorf("agent tarout: writing the tar stream: %w", err)
+	}
+	o.close()
+	return nil
+}
+
+// ---- ports ----
+
+// DialPort connects to 127.0.0.1:port inside the sandbox. The conn has
+// TCP's half-close (CloseWrite); ctx bounds the dial only. Nothing
+// listening matches ErrUnreachable.
+func (c *Client) DialPort(ctx context.Context, port int) (net.Conn, error) {
+	o, _, err := c.open(ctx, request{Op: "dial", Port: port})
+	if err != nil {
+		return nil, err
+	}
+	o.stop()
+	return &streamConn{Stream: o.st, local: Addr{"service"}, remote: Addr{net.JoinHostPort("127.0.0.1", strconv.Itoa(port))}}, nil
+}

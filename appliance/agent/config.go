@@ -1,0 +1,291 @@
+package agent
+
+import (
+	"fmt"
+	"maps"
+	"net/netip"
+	"net/url"
+	"os"
+	"path"
+	"slices"
+	"strings"
+	"syscall"
+)
+
+// Defaults for Config fields left zero.
+const (
+	DefaultRelayAddr = "127.0.0.1:3128"
+	DefaultPath      = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+	DefaultHome      = "/root"
+)
+
+// DefaultBaseURLs are the base-URL variables every command gets, rewritten
+// to relay routes, and the upstream each points at when the command does not
+// set it. Config.BaseURLs adds to them.
+func DefaultBaseURLs() map[string]string {
+	return map[string]string{
+		"ANTHROPIC_BASE_URL": "https://api.anthropic.com",
+		"OPENAI_BASE_URL":    "https://api.openai.com/v1",
+	}
+}
+
+// KillScope says which processes KillAll stops.
+type KillScope string
+
+const (
+	// KillSandbox (the default, and what production uses) stops every
+	// process the agent can see except itself, its ancestors and PID 1 of
+	// its PID namespace (which holds the sandbox open). Inside a sandbox's
+	// PID namespace that is everything the sandbox runs. The agent refuses
+	// it in the host's initial PID namespace, where it would stop the host.
+	KillSandbox KillScope = "sandbox"
+	// KillDescendants stops only the agent's descendants: the commands it
+	// started and whatever they started (orphans included, when the agent
+	// is a child subreaper, as `sandgate agent` is). For tests and for an
+	// agent run outside a sandbox.
+	KillDescendants KillScope = "descendants"
+)
+
+// Config is the agent's configuration. The service sends it in the hello
+// exchange; nothing of it appears on a command line. The zero value means
+// every default.
+type Config struct {
+	// RelayAddr is the loopback IP:port the agent's relay listener binds
+	// inside the sandbox; default 127.0.0.1:3128. Port 0 picks a free port
+	// (for tests); commands are told the address actually bound.
+	RelayAddr string `json:"relayAddr,omitempty"`
+	// Path and Home are every command's PATH and HOME unless the command
+	// sets its own; defaults DefaultPath and /root.
+	Path string `json:"path,omitempty"`
+	Home string `json:"home,omitempty"`
+	// BaseURLs adds base-URL variables to DefaultBaseURLs (or changes their
+	// upstream): variable name → https URL. An empty URL declares a
+	// variable that is rewritten only when a command sets it.
+	BaseURLs map[string]string `json:"baseUrls,omitempty"`
+	// KillScope: see KillSandbox (the default) and KillDescendants.
+	KillScope KillScope `json:"killScope,omitempty"`
+}
+
+// resolved is a validated Config with its defaults applied.
+type resolved struct {
+	relayAddr netip.AddrPort // as requested; the bound one is in serverState
+	path      string
+	home      string
+	baseURLs  map[string]string
+	killScope KillScope
+}
+
+// initialPIDNamespaceIno is the inode of the kernel's initial PID namespace
+// (PROC_PID_INIT_INO): an agent there is on the host, not in a sandbox.
+const initialPIDNamespaceIno = 0xEFFFFFFC
+
+// resolve validates c where it is used: in the agent. Errors name the field
+// and the fix.
+func (c Config) resolve() (*resolved, error) {
+	r := &resolved{path: c.Path, home: c.Home, killScope: c.KillScope}
+	addr := c.RelayAddr
+	if addr == "" {
+		addr = DefaultRelayAddr
+	}
+	ap, err := netip.ParseAddrPort(addr)
+	if err != nil || !ap.Addr().IsLoopback() {
+		return nil, invalid("config relayAddr %q: want a loopback IP:port such as %s (a sandbox has no other network)", addr, DefaultRelayAddr)
+	}
+	r.relayAddr = ap
+	if r.path == "" {
+		r.path = DefaultPath
+	}
+	if strings.ContainsRune(r.path, 0) {
+		return nil, invalid("config path contains a NUL byte")
+	}
+	if r.home == "" {
+		r.home = DefaultHome
+	}
+	if !path.IsAbs(r.home) || strings.ContainsRune(r.home, 0) {
+		return nil, invalid("config home %q: want an absolute path such as /root", r.home)
+	}
+	r.baseURLs = DefaultBaseURLs()
+	for k, v := range c.BaseURLs {
+		if !validEnvName(k) {
+			return nil, invalid("config baseUrls: %q is not an environment variable name (letters, digits and _, not starting with a digit)", k)
+		}
+		if isProxyVar(k) || strings.EqualFold(k, "NO_PROXY") {
+			return nil, invalid("config baseUrls: %s is a proxy variable, not a base URL", k)
+		}
+		if v != "" {
+			if _, err := routeFor("127.0.0.1:1", k, v); err != nil {
+				return nil, invalid("config baseUrls: %v", err)
+			}
+		}
+		r.baseURLs[k] = v
+	}
+	switch r.killScope {
+	case "":
+		r.killScope = KillSandbox
+	case KillSandbox, KillDescendants:
+	default:
+		return nil, invalid("config killScope %q: want %q or %q", r.killScope, KillSandbox, KillDescendants)
+	}
+	if r.killScope == KillSandbox && inInitialPIDNamespace() {
+		return nil, refused("config killScope %q: this agent runs in the host's initial PID namespace, where killing every process would stop the host; run the agent inside a sandbox, or use killScope %q", KillSandbox, KillDescendants)
+	}
+	return r, nil
+}
+
+func inInitialPIDNamespace() bool {
+	var st syscall.Stat_t
+	if err := syscall.Stat("/proc/self/ns/pid", &st); err != nil {
+		return false
+	}
+	return st.Ino == initialPIDNamespaceIno
+}
+
+// validEnvName reports whether s is a portable environment variable name.
+func validEnvName(s string) bool {
+	if s == "" || (s[0] >= '0' && s[0] <= '9') {
+		return false
+	}
+	for _, c := range []byte(s) {
+		if !(c == '_' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9') {
+			return false
+		}
+	}
+	return true
+}
+
+var proxyVars = []string{"HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"}
+
+func isProxyVar(k string) bool {
+	return slices.ContainsFunc(proxyVars, func(p string) bool { return strings.EqualFold(p, k) })
+}
+
+// loopbackNoProxy are the NO_PROXY entries every command has: requests to
+// the relay's own routes must go to it directly, not through it as a proxy.
+var loopbackNoProxy = []string{"localhost", "127.0.0.1", "::1"}
+
+// routeFor rewrites a base URL to the relay route that reaches it:
+// https://api.example.com/v1 → http://<relay>/https/api.example.com/v1.
+// A URL already pointing at the relay is kept; anything but an https URL is
+// refused, naming the variable.
+func routeFor(relay, name, value string) (string, error) {
+	prefix := "http://" + relay + "/https/"
+	if strings.HasPrefix(value, prefix) {
+		return value, nil
+	}
+	u, err := url.Parse(value)
+	if err != nil {
+		return "", refused("%s=%q is not a URL: want https://host/path", name, value)
+	}
+	switch {
+	case u.Scheme != "https":
+		return "", refused("%s=%q: only an https:// base URL can be routed through the relay (the sandbox's only way out, which carries HTTPS only); write https://%s%s", name, value, u.Host, u.EscapedPath())
+	case u.Host == "" || u.Opaque != "":
+		return "", refused("%s=%q names no host: want https://host/path", name, value)
+	case u.User != nil:
+		return "", refused("%s: a base URL cannot carry credentials (user:password@); credentials are added outside the sandbox by transformations", name)
+	case u.RawQuery != "" || u.ForceQuery || u.Fragment != "":
+		return "", refused("%s=%q: a base URL cannot have a query or fragment", name, value)
+	}
+	return prefix + u.Host + u.EscapedPath(), nil
+}
+
+// commandEnv builds a command's whole environment from the agent's
+// defaults and what the command sets (KEY=VALUE entries; later entries win).
+// See README.md, "A command's environment".
+func (r *resolved) commandEnv(relay string, set []string) ([]string, error) {
+	own := map[string]string{}
+	for _, kv := range set {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" || strings.ContainsRune(kv, 0) {
+			return nil, invalid("environment entry %q: want KEY=VALUE without NUL bytes", truncate(kv, 80))
+		}
+		own[k] = v
+	}
+	proxy := "http://" + relay
+	env := map[string]string{
+		"PATH":                          r.path,
+		"HOME":                          r.home,
+		"IS_SANDBOX":                    "1",
+		"npm_config_side_effects_cache": "false",
+	}
+	for _, k := range proxyVars[:4] {
+		env[k] = proxy
+	}
+	for k, v := range own {
+		if isProxyVar(k) {
+			if strings.TrimSuffix(v, "/") != proxy {
+				return nil, refused("%s=%q: a command cannot point the proxy elsewhere; the sandbox's only way out is the relay at %s, which every command already has; remove %s", k, truncate(v, 80), proxy, k)
+			}
+			env[k] = proxy
+			continue
+		}
+		if strings.EqualFold(k, "NO_PROXY") {
+			continue // merged below
+		}
+		if _, isBase := r.baseURLs[k]; isBase {
+			continue // rewritten below
+		}
+		env[k] = v
+	}
+	var noProxy []string
+	for _, k := range slices.Sorted(maps.Keys(own)) {
+		if !strings.EqualFold(k, "NO_PROXY") {
+			continue
+		}
+		for e := range strings.SplitSeq(own[k], ",") {
+			if e = strings.TrimSpace(e); e != "" && !slices.Contains(noProxy, e) {
+				noProxy = append(noProxy, e)
+			}
+		}
+	}
+	for _, e := range loopbackNoProxy {
+		if !slices.Contains(noProxy, e) {
+			noProxy = append(noProxy, e)
+		}
+	}
+	env["NO_PROXY"] = strings.Join(noProxy, ",")
+	env["no_proxy"] = env["NO_PROXY"]
+	for k, def := range r.baseURLs {
+		v, set := own[k]
+		if !set {
+			v = def
+		}
+		if v == "" {
+			continue
+		}
+		route, err := routeFor(relay, k, v)
+		if err != nil {
+			return nil, err
+		}
+		env[k] = route
+	}
+	out := make([]string, 0, len(env))
+	for _, k := range slices.Sorted(maps.Keys(env)) {
+		out = append(out, k+"="+env[k])
+	}
+	return out, nil
+}
+
+// lookPath finds file in the command's own PATH (not the agent's).
+func lookPath(file, pathEnv string) (string, error) {
+	if strings.Contains(file, "/") {
+		return file, nil
+	}
+	for dir := range strings.SplitSeq(pathEnv, ":") {
+		if dir == "" {
+			dir = "."
+		}
+		p := path.Join(dir, file)
+		if st, err := os.Stat(p); err == nil && st.Mode().IsRegular() && st.Mode().Perm()&0o111 != 0 {
+			return p, nil
+		}
+	}
+	return "", &Error{Code: codeNotFound, Message: fmt.Sprintf("executable %q not found in PATH=%s", file, pathEnv)}
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}

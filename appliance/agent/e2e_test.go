@@ -1,0 +1,227 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+var (
+	buildOnce sync.Once
+	binDir    string
+	binPath   string
+	buildErr  error
+)
+
+// sandgateBinary builds ./cmd/sandgate once into a temporary directory.
+func sandgateBinary(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		binDir, buildErr = os.MkdirTemp("", "sandgate-agent-bin")
+		if buildErr != nil {
+			return
+		}
+		binPath = filepath.Join(binDir, "sandgate")
+		cmd := exec.Command("go", "build", "-o", binPath, "../../cmd/sandgate")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			buildErr = fmt.Errorf("go build ./cmd/sandgate: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return binPath
+}
+
+// agentProcess is `sandgate agent` running as a process, its stdio the
+// link, and the client connected to it.
+type agentProcess struct {
+	c      *Client
+	cmd    *exec.Cmd
+	stderr *syncBuf
+	exited chan error
+}
+
+func startAgentProcess(t *testing.T) *agentProcess {
+	t.Helper()
+	skipIfNotLinux(t)
+	bin := sandgateBinary(t)
+	inR, inW, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := &agentProcess{stderr: &syncBuf{}, exited: make(chan error, 1)}
+	a.cmd = exec.Command(bin, "agent")
+	a.cmd.Stdin, a.cmd.Stdout, a.cmd.Stderr = inR, outW, a.stderr
+	a.cmd.Env = []string{"PATH=/usr/bin:/bin", "SECRET_OF_THE_AGENT=must-not-leak"}
+	if err := a.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	inR.Close()
+	outW.Close()
+	go func() { a.exited <- a.cmd.Wait() }()
+	t.Cleanup(func() {
+		select {
+		case <-a.exited:
+		case <-time.After(15 * time.Second):
+			a.cmd.Process.Kill()
+			t.Errorf("sandgate agent did not exit within 15s of its link closing; stderr:\n%s", a.stderr.String())
+		}
+	})
+	c, err := NewClient(testCtx(t), rwc{outR, inW}, ClientOptions{Config: testConfig()})
+	if err != nil {
+		t.Fatalf("NewClient: %v; agent stderr:\n%s", err, a.stderr.String())
+	}
+	t.Cleanup(func() { c.Close() })
+	a.c = c
+	return a
+}
+
+// TestEndToEndProcess drives `sandgate agent` as a real process.
+func TestEndToEndProcess(t *testing.T) {
+	a := startAgentProcess(t)
+	ctx := testCtx(t)
+	if a.c.Info().PID != a.cmd.Process.Pid {
+		t.Errorf("Info().PID = %d, want %d", a.c.Info().PID, a.cmd.Process.Pid)
+	}
+	var out, errOut syncBuf
+	st, err := a.c.Run(ctx, Cmd{Args: []string{"sh", "-c", "echo hi; echo oops >&2; env | grep -c SECRET_OF_THE_AGENT; exit 7"}, Stdout: &out, Stderr: &errOut})
+	if err != nil || st.Code != 7 || out.String() != "hi\n0\n" || errOut.String() != "oops\n" {
+		t.Errorf("Run = %v %v, stdout %q, stderr %q", st, err, out.String(), errOut.String())
+	}
+
+	p := filepath.Join(t.TempDir(), "dir", "file")
+	if _, err := a.c.WriteFile(ctx, p, strings.NewReader("content"), WriteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	r, _, err := a.c.ReadFile(ctx, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(r)
+	r.Close()
+	if string(b) != "content" {
+		t.Errorf("read back %q", b)
+	}
+	if _, _, err := a.c.ReadFile(ctx, p+".missing"); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("missing file: %v", err)
+	}
+	if strings.Contains(a.stderr.String(), `"severity":"ERROR"`) {
+		t.Errorf("agent logged errors:\n%s", a.stderr.String())
+	}
+}
+
+// TestKillAllProcess: kill-all (scoped to the agent's descendants) stops
+// every command, their children, and orphans re-parented to the agent
+// (a child subreaper), and reaps them.
+func TestKillAllProcess(t *testing.T) {
+	a := startAgentProcess(t)
+	ctx := testCtx(t)
+	agentPID := a.c.Info().PID
+	var procs []*Process
+	spawn := func(script string, lines int) []int {
+		lw := newLineWaiter()
+		p, err := a.c.Spawn(ctx, Cmd{Args: []string{"sh", "-c", script}, Stdout: lw})
+		if err != nil {
+			t.Fatal(err)
+		}
+		procs = append(procs, p)
+		var pids []int
+		if lines > 0 {
+			for _, l := range lw.lines(t, lines) {
+				pids = append(pids, atoi(t, l))
+			}
+		}
+		return append(pids, p.PID)
+	}
+	var all []int
+	all = append(all, spawn("exec sleep 1000", 0)...)
+	all = append(all, spawn("sleep 1000 & echo $!; wait", 1)...)
+	// An orphan: its shell exits at once, so it is re-parented.
+	orphan := spawn("sleep 1000 & echo $!", 1)[0]
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", orphan)); err == nil {
+			if pi, ok := parseStat(b); ok && pi.ppid == agentPID {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("orphan %d was not re-parented to the agent (%d): is it a child subreaper?", orphan, agentPID)
+		}
+	}
+	all = append(all, orphan)
+	n, err := a.c.KillAll(ctx)
+	if err != nil || n < 4 {
+		t.Errorf("KillAll = %d, %v; want at least 4 processes", n, err)
+	}
+	waitDead(t, all...)
+	for _, p := range procs[:2] {
+		if st, err := p.Wait(ctx); err != nil || st.Signal != syscall.SIGKILL {
+			t.Errorf("command %d after kill-all: %v %v", p.ID, st, err)
+		}
+	}
+	// The orphan is reaped by the agent, not left a zombie.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if _, err := os.Stat(fmt.Sprintf("/proc/%d", orphan)); errors.Is(err, fs.ErrNotExist) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("orphan %d was never reaped", orphan)
+		}
+	}
+	if dead(a.cmd.Process.Pid) {
+		t.Fatal("kill-all killed the agent")
+	}
+	if _, err := a.c.Ping(ctx); err != nil {
+		t.Errorf("Ping after kill-all: %v", err)
+	}
+}
+
+// TestLinkDropProcess: each side detects the other going away.
+func TestLinkDropProcess(t *testing.T) {
+	// The service goes away: the agent kills its commands and exits 0.
+	a := startAgentProcess(t)
+	p, err := a.c.Spawn(testCtx(t), Cmd{Args: []string{"sleep", "1000"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.c.Close()
+	select {
+	case err := <-a.exited:
+		a.exited <- err // for the cleanup
+		if err != nil {
+			t.Errorf("agent exited with %v, want status 0; stderr:\n%s", err, a.stderr.String())
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("the agent did not exit within 15s of its link closing")
+	}
+	waitDead(t, p.PID)
+
+	// The agent goes away: the client's Done fires.
+	b := startAgentProcess(t)
+	b.cmd.Process.Kill()
+	select {
+	case <-b.c.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the client did not notice the agent's death within 10s")
+	}
+	if !errors.Is(b.c.Err(), ErrLinkDown) {
+		t.Errorf("Err = %v", b.c.Err())
+	}
+	if _, err := b.c.Run(testCtx(t), Cmd{Args: []string{"true"}}); !errors.Is(err, ErrLinkDown) {
+		t.Errorf("Run on a dropped link = %v, want ErrLinkDown", err)
+	}
+}

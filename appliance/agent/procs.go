@@ -1,0 +1,212 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"slices"
+	"strconv"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// procInfo is one line of the process table, from /proc/<pid>/stat.
+type procInfo struct {
+	pid, ppid int
+	state     byte
+}
+
+// listProcs reads every process visible in /proc. Processes that vanish
+// while it reads are skipped.
+func listProcs() ([]procInfo, error) {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, fmt.Errorf("list processes: %w", err)
+	}
+	out := make([]procInfo, 0, len(ents))
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid <= 0 {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		if pi, ok := parseStat(b); ok {
+			out = append(out, pi)
+		}
+	}
+	return out, nil
+}
+
+// parseStat reads pid, state and ppid from a /proc/<pid>/stat line. The
+// command name may hold spaces and parentheses, so fields are counted from
+// the last ')'.
+func parseStat(b []byte) (procInfo, bool) {
+	open := bytes.IndexByte(b, '(')
+	end := bytes.LastIndexByte(b, ')')
+	if open < 1 || end < open {
+		return procInfo{}, false
+	}
+	pid, err := strconv.Atoi(string(bytes.TrimSpace(b[:open])))
+	if err != nil {
+		return procInfo{}, false
+	}
+	f := bytes.Fields(b[end+1:])
+	if len(f) < 2 || len(f[0]) != 1 {
+		return procInfo{}, false
+	}
+	ppid, err := strconv.Atoi(string(f[1]))
+	if err != nil {
+		return procInfo{}, false
+	}
+	return procInfo{pid: pid, ppid: ppid, state: f[0][0]}, true
+}
+
+// victims chooses what a kill-all stops, from a process table: for
+// KillDescendants, every descendant of self; for KillSandbox, every process
+// but self, its ancestors, PID 1 and kernel threads (children of PID 2).
+// Zombies are already dead and never chosen.
+func victims(procs []procInfo, self int, scope KillScope) []int {
+	parent := make(map[int]int, len(procs))
+	for _, p := range procs {
+		parent[p.pid] = p.ppid
+	}
+	var out []int
+	switch scope {
+	case KillDescendants:
+		children := map[int][]int{}
+		for _, p := range procs {
+			children[p.ppid] = append(children[p.ppid], p.pid)
+		}
+		seen := map[int]bool{self: true}
+		queue := []int{self}
+		for len(queue) > 0 {
+			q := queue[0]
+			queue = queue[1:]
+			for _, c := range children[q] {
+				if !seen[c] {
+					seen[c] = true
+					queue = append(queue, c)
+				}
+			}
+		}
+		for _, p := range procs {
+			if p.pid != self && seen[p.pid] && p.state != 'Z' {
+				out = append(out, p.pid)
+			}
+		}
+	default:
+		keep := map[int]bool{self: true, 1: true, 2: true}
+		for a, n := parent[self], 0; a > 0 && n < len(procs); a, n = parent[a], n+1 {
+			keep[a] = true
+		}
+		for _, p := range procs {
+			if !keep[p.pid] && p.ppid != 2 && p.state != 'Z' {
+				out = append(out, p.pid)
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// Kill-all bounds: rounds of SIGKILL until nothing in scope is left (a
+// process may fork while its siblings die).
+const (
+	killRounds    = 100
+	killRoundWait = 20 * time.Millisecond
+)
+
+// killScope stops every process in scope with SIGKILL and returns how many
+// distinct processes it signalled. Processes that survive every round are
+// reported by pid.
+func killScope(ctx context.Context, scope KillScope) (int, error) {
+	self := os.Getpid()
+	killed := map[int]bool{}
+	var left []int
+	for range killRounds {
+		procs, err := listProcs()
+		if err != nil {
+			return len(killed), err
+		}
+		left = victims(procs, self, scope)
+		if len(left) == 0 {
+			return len(killed), nil
+		}
+		for _, pid := range left {
+			if syscall.Kill(pid, syscall.SIGKILL) == nil {
+				killed[pid] = true
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return len(killed), context.Cause(ctx)
+		case <-time.After(killRoundWait):
+		}
+	}
+	return len(killed), fmt.Errorf("kill-all: %d processes survived %d rounds of SIGKILL (pids %v; uninterruptible I/O?)", len(left), killRounds, left)
+}
+
+// startReaper makes the process a child subreaper and reaps the orphans
+// re-parented to it: zombies whose parent is this process and that are not
+// commands a goroutine is waiting for.
+func (t *procTable) startReaper(log *slog.Logger) (stop func(), err error) {
+	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+		return nil, err
+	}
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, syscall.SIGCHLD)
+	done := make(chan struct{})
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		// A signal can be coalesced with another; the tick catches what
+		// a lost notification left behind.
+		tick := time.NewTicker(5 * time.Second)
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-ch:
+			case <-tick.C:
+			}
+			if n := t.reapOrphans(); n > 0 {
+				log.Debug("agent: reaped orphans", "count", n)
+			}
+		}
+	}()
+	return func() {
+		signal.Stop(ch)
+		close(done)
+		<-finished
+	}, nil
+}
+
+func (t *procTable) reapOrphans() int {
+	procs, err := listProcs()
+	if err != nil {
+		return 0
+	}
+	self := os.Getpid()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	n := 0
+	for _, p := range procs {
+		if p.ppid != self || p.state != 'Z' || t.ours(p.pid) {
+			continue
+		}
+		var ws unix.WaitStatus
+		if pid, _ := unix.Wait4(p.pid, &ws, unix.WNOHANG, nil); pid == p.pid {
+			n++
+		}
+	}
+	return n
+}

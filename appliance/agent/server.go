@@ -1,0 +1,321 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/yamux"
+)
+
+// ServerOptions configures the agent side. The zero value serves with no
+// logging and without reaping orphans.
+type ServerOptions struct {
+	// Logger receives operational messages (never a command's output or a
+	// file's content). Nil discards.
+	Logger *slog.Logger
+	// Subreaper makes the agent a child subreaper: processes its commands
+	// orphan are re-parented to it instead of the sandbox's PID 1, so they
+	// are reaped (no zombies, whatever PID 1 does) and stay descendants
+	// for KillDescendants. `sandgate agent` sets it. It changes the whole
+	// process, so in-process tests leave it off.
+	Subreaper bool
+}
+
+// Limits of the agent.
+const (
+	// requestTimeout bounds how long a stream may take to send its first
+	// message.
+	requestTimeout = 30 * time.Second
+	// maxEgressConns caps the relay listener's connections in flight; the
+	// relay's own per-sandbox cap (256 by default) answers with 429 below
+	// it, this one only keeps a runaway sandbox from exhausting the agent.
+	maxEgressConns = 1024
+	// shutdownWait bounds how long Serve waits, after the link ended, for
+	// the processes it killed and its handlers to finish.
+	shutdownWait = 10 * time.Second
+)
+
+// Serve serves the agent's side of a link on conn (in production, the
+// agent's stdin and stdout) until the link closes or ctx ends. When it
+// returns, every process the agent started has been killed (its whole
+// process group) and the relay listener is closed: commands belong to the
+// link that started them, and a restarted agent starts clean.
+//
+// A link closed by the service is the normal end and returns nil; an ended
+// ctx returns its cause.
+func Serve(ctx context.Context, conn io.ReadWriteCloser, opts ServerOptions) error {
+	return newServer(opts).serve(ctx, conn)
+}
+
+type server struct {
+	log       *slog.Logger
+	subreaper bool
+	version   int // ProtocolVersion; tests change it to play an old agent
+
+	ctx    context.Context // ends when the link ends
+	cancel context.CancelCauseFunc
+	sess   *yamux.Session
+	procs  *procTable
+	wg     sync.WaitGroup // stream handlers and egress connections
+
+	mu        sync.Mutex
+	cfg       *resolved // nil until hello
+	relayAddr string    // bound address of the relay listener
+	ln        net.Listener
+	stopped   bool // the link ended: no listener may start any more
+
+	egressActive atomic.Int64
+}
+
+func newServer(opts ServerOptions) *server {
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &server{log: log, subreaper: opts.Subreaper, version: ProtocolVersion, procs: newProcTable()}
+}
+
+func (s *server) serve(ctx context.Context, conn io.ReadWriteCloser) error {
+	sess, err := yamux.Server(conn, yamuxConfig(s.log))
+	if err != nil {
+		return fmt.Errorf("agent: %w", err)
+	}
+	s.sess = sess
+	s.ctx, s.cancel = context.WithCancelCause(ctx)
+	defer s.cancel(errors.New("agent stopped"))
+	stop := context.AfterFunc(s.ctx, func() { sess.Close() })
+	defer stop()
+
+	if s.subreaper {
+		stopReaper, err := s.procs.startReaper(s.log)
+		if err != nil {
+			sess.Close()
+			return fmt.Errorf("agent: become a child subreaper: %w", err)
+		}
+		defer stopReaper()
+	}
+
+	for {
+		st, err := sess.AcceptStream()
+		if err != nil {
+			break
+		}
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			s.handle(st)
+		}()
+	}
+	cause := context.Cause(s.ctx)
+	linkEnded := ctx.Err() == nil
+	s.cancel(ErrLinkDown)
+	sess.Close()
+	s.mu.Lock()
+	s.stopped = true
+	if s.ln != nil {
+		s.ln.Close()
+	}
+	s.mu.Unlock()
+	s.procs.killAllStarted()
+	done := make(chan struct{})
+	go func() { s.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(shutdownWait):
+		s.log.Warn("agent: handlers still running after the link ended", "wait", shutdownWait.String())
+	}
+	if linkEnded {
+		return nil
+	}
+	return cause
+}
+
+// handle serves one stream the service opened.
+func (s *server) handle(st *yamux.Stream) {
+	defer st.Close()
+	// A link that ends cuts every stream at once.
+	stop := context.AfterFunc(s.ctx, func() { st.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+	f := newFramer(st)
+	var buf []byte
+	st.SetReadDeadline(time.Now().Add(requestTimeout))
+	kind, p, err := readFrame(st, &buf)
+	if err != nil {
+		return
+	}
+	st.SetReadDeadline(time.Time{})
+	if kind != kindMsg {
+		f.msg(response{Error: toWire(fmt.Errorf("%w: a stream must begin with a request message", errProtocol))})
+		return
+	}
+	req, err := decodeRequest(p)
+	if err != nil {
+		f.msg(response{Error: toWire(err)})
+		return
+	}
+	if req.Op == "hello" {
+		s.hello(f, req)
+		return
+	}
+	s.mu.Lock()
+	cfg, relay := s.cfg, s.relayAddr
+	s.mu.Unlock()
+	if cfg == nil {
+		f.msg(response{Error: toWire(invalid("%s before hello: the first exchange on a link must be hello", req.Op))})
+		return
+	}
+	switch req.Op {
+	case "ping":
+		f.msg(response{})
+	case "exec":
+		s.exec(st, f, req, cfg, relay)
+	case "signal":
+		s.signal(f, req)
+	case "killall":
+		s.killAll(f, req, cfg)
+	case "read":
+		s.readFile(st, f, req)
+	case "write":
+		s.writeFile(st, f, req)
+	case "stat":
+		s.stat(f, req)
+	case "mkdir":
+		s.mkdir(f, req)
+	case "remove":
+		s.remove(f, req)
+	case "tarin":
+		s.tarIn(st, f, req)
+	case "tarout":
+		s.tarOut(st, f, req)
+	case "dial":
+		s.dial(st, f, req)
+	default:
+		f.msg(response{Error: toWire(invalid("op %q is not served by the agent", req.Op))})
+	}
+}
+
+// hello checks the version, applies the configuration and starts the relay
+// listener. It may succeed once per link.
+func (s *server) hello(f *framer, req request) {
+	fail := func(err error) { f.msg(response{Error: toWire(err), Version: s.version}) }
+	if req.Version != s.version {
+		fail(&Error{Code: codeVersion, Message: fmt.Sprintf(
+			"the service speaks agent protocol %d and this agent speaks %d: run the sandgate agent of the service's own release in the sandbox (the sandbox image's sandgate binary is older or newer)",
+			req.Version, s.version)})
+		return
+	}
+	var c Config
+	if req.Config != nil {
+		c = *req.Config
+	}
+	cfg, err := c.resolve()
+	if err != nil {
+		fail(err)
+		return
+	}
+	s.mu.Lock()
+	if s.stopped {
+		s.mu.Unlock()
+		fail(ErrLinkDown)
+		return
+	}
+	if s.cfg != nil {
+		s.mu.Unlock()
+		fail(invalid("hello was already accepted on this link; open a new link to change the configuration"))
+		return
+	}
+	ln, err := net.Listen("tcp", cfg.relayAddr.String())
+	if err != nil {
+		s.mu.Unlock()
+		fail(fmt.Errorf("relay listener on %s: %w (is another agent still running in this sandbox?)", cfg.relayAddr, err))
+		return
+	}
+	s.cfg, s.ln, s.relayAddr = cfg, ln, ln.Addr().String()
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		s.acceptEgress(ln)
+	}()
+	relay := s.relayAddr
+	s.mu.Unlock()
+	f.msg(response{Version: s.version, RelayAddr: relay, PID: os.Getpid()})
+}
+
+// acceptEgress turns each connection to the relay listener into a stream
+// to the service.
+func (s *server) acceptEgress(ln net.Listener) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			if s.ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
+				return
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				time.Sleep(10 * time.Millisecond)
+				continue
+			}
+			s.log.Warn("agent: relay listener failed", "err", err)
+			return
+		}
+		if s.egressActive.Add(1) > maxEgressConns {
+			s.egressActive.Add(-1)
+			c.Close()
+			continue
+		}
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			defer s.egressActive.Add(-1)
+			s.egress(c.(*net.TCPConn))
+		}()
+	}
+}
+
+func (s *server) egress(c *net.TCPConn) {
+	st, err := s.sess.OpenStream()
+	if err != nil {
+		c.Close()
+		return
+	}
+	sc := &streamConn{Stream: st}
+	if err := newFramer(st).msg(request{Op: "egress", From: c.RemoteAddr().String()}); err != nil {
+		sc.Close()
+		c.Close()
+		return
+	}
+	stop := context.AfterFunc(s.ctx, func() { sc.Close(); c.Close() })
+	defer stop()
+	splice(c, sc)
+}
+
+// dial connects a stream to 127.0.0.1:<port> inside the sandbox.
+func (s *server) dial(st *yamux.Stream, f *framer, req request) {
+	if req.Port < 1 || req.Port > 65535 {
+		f.msg(response{Error: toWire(invalid("port %d: want 1-65535", req.Port))})
+		return
+	}
+	d := net.Dialer{Timeout: 10 * time.Second}
+	c, err := d.DialContext(s.ctx, "tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(req.Port)))
+	if err != nil {
+		f.msg(response{Error: &wireError{Code: codeUnreach, Message: fmt.Sprintf("nothing answers on 127.0.0.1:%d in the sandbox: %v", req.Port, err)}})
+		return
+	}
+	if err := f.msg(response{}); err != nil {
+		c.Close()
+		return
+	}
+	sc := &streamConn{Stream: st}
+	stop := context.AfterFunc(s.ctx, func() { sc.Close(); c.Close() })
+	defer stop()
+	splice(c.(*net.TCPConn), sc)
+}
