@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sandgate/sandgate/netpolicy"
+	"github.com/sandgate/sandgate/transforms/wasm"
 )
 
 // Relay reason codes, beside netpolicy's decision codes.
@@ -24,6 +25,11 @@ const (
 	CodeUpstream       = "upstream_error"
 	CodeUpstreamTimout = "upstream_timeout"
 	CodeTransform      = "transform_error"
+	// CodeModuleRefused is a request a WebAssembly transform module refused
+	// (sandgate.refuse); CodeModule one that a module failed (it trapped,
+	// ran out of time or memory, or wrote what the proxy cannot send).
+	CodeModuleRefused = "module_refused"
+	CodeModule        = "module_error"
 )
 
 // Error is a refusal or failure the proxy answers the sandbox with. Status,
@@ -67,6 +73,10 @@ func asError(err error) *Error {
 	var e *Error
 	if errors.As(err, &e) {
 		return e
+	}
+	var we *wasm.Error
+	if errors.As(err, &we) {
+		return &Error{Status: we.Status, Code: CodeModule, Reason: we.Reason, Err: we.Err}
 	}
 	var dnsErr *netpolicy.DNSError
 	if errors.As(err, &dnsErr) {

@@ -20,6 +20,7 @@ import (
 	"github.com/sandgate/sandgate/netpolicy"
 	"github.com/sandgate/sandgate/relay/audit"
 	"github.com/sandgate/sandgate/transforms"
+	"github.com/sandgate/sandgate/transforms/wasm"
 )
 
 // Config configures a Proxy. Zero values take the documented defaults.
@@ -51,6 +52,11 @@ type Config struct {
 	// ResponseHeaderTimeout bounds the wait for an upstream's response
 	// headers on a base-URL route; default 10m (model APIs can think long).
 	ResponseHeaderTimeout time.Duration
+	// Modules are WebAssembly transform modules applied, in order, to every
+	// sandbox's base-URL routes, before the sandbox's own modules
+	// (Sandbox.SetModules) and before the secret swap. Nil means none. The
+	// caller owns them (closes them after the proxy).
+	Modules *wasm.Chain
 }
 
 func (c Config) withDefaults() Config {
@@ -114,6 +120,7 @@ type Sandbox struct {
 	id         string
 	policy     atomic.Pointer[netpolicy.Policy]
 	transforms *transforms.RuleSet
+	modules    atomic.Pointer[wasm.Chain]
 	open       atomic.Int64
 
 	tmu  sync.Mutex
@@ -150,6 +157,17 @@ func (s *Sandbox) SetPolicy(p netpolicy.Policy) {
 
 // Transforms returns the sandbox's live transformation rules.
 func (s *Sandbox) Transforms() *transforms.RuleSet { return s.transforms }
+
+// SetModules replaces the sandbox's own WebAssembly transform modules
+// (nil means none). They run after the proxy's service-wide modules
+// (Config.Modules) and before the secret swap; a request in progress keeps
+// the chain it started with. The caller owns the modules; closing an old
+// chain while requests use it is safe (instances in use close when they are
+// returned; a request that has yet to reach a closed module fails with 502).
+func (s *Sandbox) SetModules(c *wasm.Chain) { s.modules.Store(c) }
+
+// Modules returns the sandbox's own transform modules (nil when none).
+func (s *Sandbox) Modules() *wasm.Chain { return s.modules.Load() }
 
 // Close releases the sandbox's kept-alive upstream connections.
 func (s *Sandbox) Close() {

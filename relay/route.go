@@ -3,6 +3,7 @@ package relay
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -18,6 +19,7 @@ import (
 	"github.com/sandgate/sandgate/netpolicy"
 	"github.com/sandgate/sandgate/relay/audit"
 	"github.com/sandgate/sandgate/transforms"
+	"github.com/sandgate/sandgate/transforms/wasm"
 )
 
 // route forwards a base-URL request (/https/<host>/<path>?<query>) over
@@ -46,12 +48,14 @@ func (cc *clientConn) route(ctx context.Context, req *http.Request, t target) bo
 		if ev.Allow { // the policy allowed; something after it failed
 			ev.Error = e.Error()
 		}
+		scrubNotes(&ev, applied)
 		cc.p.record(ev)
 		cc.writeError(e, true)
 		cc.linger = req.ContentLength != 0 && !body.eof.Load()
 		return false
 	}
 	ev.Error = applied.ScrubString(ev.Error)
+	scrubNotes(&ev, applied)
 	cc.p.record(ev)
 	if req.ContentLength != 0 && !body.eof.Load() {
 		// The sandbox is still sending a body nobody will read: closing
@@ -61,6 +65,18 @@ func (cc *clientConn) route(ctx context.Context, req *http.Request, t target) bo
 		return false
 	}
 	return keep
+}
+
+// scrubNotes replaces any swapped secret in the modules' audit notes by
+// its placeholder. Modules run before the swap and so never see a secret,
+// but a note may quote what the upstream sent back.
+func scrubNotes(ev *audit.Event, applied transforms.Applied) {
+	if len(applied.Secrets) == 0 {
+		return
+	}
+	for i, n := range ev.Notes {
+		ev.Notes[i] = applied.ScrubString(n)
+	}
 }
 
 // forward does the work of route; ev is filled as it goes. An error means
@@ -80,13 +96,40 @@ func (cc *clientConn) forward(ctx context.Context, req *http.Request, t target, 
 	if err != nil {
 		return false, err
 	}
+	expect := strings.EqualFold(req.Header.Get("Expect"), "100-continue") && req.ContentLength != 0
+	continue100 := func() {
+		if expect {
+			expect = false
+			io.WriteString(cc.bw, "HTTP/1.1 100 Continue\r\n\r\n")
+			cc.bw.Flush()
+		}
+	}
+
+	// User modules run first: they see the request with placeholders, never
+	// a secret, and cannot change the destination host.
+	var ex *wasm.Exchange
+	if cc.p.cfg.Modules.Len() > 0 || cc.sb.Modules().Len() > 0 {
+		info := wasm.RequestInfo{Sandbox: cc.sb.id, Proto: req.Proto, BeforeBodyRead: continue100}
+		if a := cc.c.RemoteAddr(); a != nil {
+			info.SourceAddr = a.String()
+		}
+		ex, err = wasm.HandleRequest(ctx, out, info, cc.p.cfg.Modules, cc.sb.Modules())
+		defer func() {
+			ex.Close()
+			ev.Notes, ev.NotesDropped = ex.Notes(), ex.NotesDropped()
+		}()
+		if err != nil {
+			return false, moduleFailed(ev, err)
+		}
+		if a := ex.Answer(); a != nil {
+			return cc.answer(ctx, req, ex, a, ev)
+		}
+	}
+
 	*applied = cc.sb.transforms.Apply(out)
 	ev.Transforms = applied.Rules
 
-	if strings.EqualFold(req.Header.Get("Expect"), "100-continue") && req.ContentLength != 0 {
-		io.WriteString(cc.bw, "HTTP/1.1 100 Continue\r\n\r\n")
-		cc.bw.Flush()
-	}
+	continue100()
 	resp, addr, err := cc.sb.upstream(cc.p).roundTrip(ctx, out, dec.Host.String(), &dec)
 	if addr.IsValid() {
 		ev.Addr = netip.AddrPortFrom(addr, netpolicy.HTTPSPort).String()
@@ -100,6 +143,9 @@ func (cc *clientConn) forward(ctx context.Context, req *http.Request, t target, 
 			return false, err
 		}
 	}
+	if err := ex.HandleResponse(ctx, resp); err != nil {
+		return false, moduleFailed(ev, err)
+	}
 	ev.Status = resp.StatusCode
 	closing := req.Close
 	n, werr := cc.writeResponse(req, resp, closing)
@@ -109,6 +155,47 @@ func (cc *clientConn) forward(ctx context.Context, req *http.Request, t target, 
 		return false, nil
 	}
 	return !closing, nil
+}
+
+// moduleFailed notes in ev which module failed and returns err.
+func moduleFailed(ev *audit.Event, err error) error {
+	var we *wasm.Error
+	if errors.As(err, &we) {
+		ev.Module = we.Module
+	}
+	return err
+}
+
+// answer writes the response a module gave instead of the upstream's: a
+// refusal (its body, or the proxy's error naming the module and reason) or
+// the module's own response, which the modules before it may rewrite in
+// their handle_response.
+func (cc *clientConn) answer(ctx context.Context, req *http.Request, ex *wasm.Exchange, a *wasm.Answer, ev *audit.Event) (bool, error) {
+	ev.Module = a.Module
+	if a.Refused {
+		ev.Allow, ev.Code = false, CodeModuleRefused
+		ev.Reason = fmt.Sprintf("wasm module %s refused the request: %s", a.Module, a.Reason)
+		if a.Body == nil {
+			return false, &Error{Status: a.Status, Code: CodeModuleRefused, Reason: ev.Reason}
+		}
+	}
+	resp := &http.Response{
+		StatusCode: a.Status, ProtoMajor: 1, ProtoMinor: 1, Request: req,
+		Header: a.Header, ContentLength: int64(len(a.Body)), Body: io.NopCloser(bytes.NewReader(a.Body)),
+	}
+	if !a.Refused {
+		if err := ex.HandleResponse(ctx, resp); err != nil {
+			return false, moduleFailed(ev, err)
+		}
+	}
+	ev.Status = resp.StatusCode
+	n, werr := cc.writeResponse(req, resp, req.Close)
+	ev.BytesOut = n
+	if werr != nil {
+		ev.Error = werr.Error()
+		return false, nil
+	}
+	return !req.Close, nil
 }
 
 // wholeBodyMax is the largest response that is scrubbed whole rather than

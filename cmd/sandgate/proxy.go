@@ -21,6 +21,7 @@ import (
 	"github.com/sandgate/sandgate/relay"
 	"github.com/sandgate/sandgate/relay/audit"
 	"github.com/sandgate/sandgate/transforms"
+	"github.com/sandgate/sandgate/transforms/wasm"
 )
 
 func proxyCommand() *cli.Command {
@@ -31,7 +32,7 @@ func proxyCommand() *cli.Command {
 CONNECT host:443 tunnels, and base-URL routes http://LISTEN/https/<host>/<path>
 forwarded over HTTPS with the --transformations applied. Every decision is
 one audit event on --audit-log.`,
-		Flags: append(egressFlags(),
+		Flags: append(append(egressFlags(), wasmRuntimeFlags()...),
 			&cli.StringFlag{Name: "listen", Value: "127.0.0.1:3128", Usage: "`ADDR` to serve the proxy on", EnvVars: []string{"SANDGATE_PROXY_LISTEN"}},
 			&cli.StringFlag{Name: "transformations", Usage: "request-transformation rules `FILE` (JSON list; header values may be {\"env\":\"NAME\"})", EnvVars: []string{"SANDBOX_TRANSFORMATIONS_FILE"}},
 			&cli.StringFlag{Name: "metrics-listen", Usage: "serve Prometheus /metrics on `ADDR` (off when empty)", EnvVars: []string{"SANDGATE_METRICS_LISTEN"}},
@@ -39,7 +40,9 @@ one audit event on --audit-log.`,
 			&cli.StringFlag{Name: "sandbox-id", Value: "standalone", Usage: "the sandbox `ID` this proxy's connections are served as"},
 			&cli.DurationFlag{Name: "shutdown-grace", Value: 10 * time.Second, Usage: "on SIGTERM/SIGINT, let requests and tunnels in progress finish for up to `DURATION` before cutting them", EnvVars: []string{"SANDGATE_SHUTDOWN_GRACE"}},
 			&cli.StringSliceFlag{Name: "upstream-ca", Usage: "also trust the PEM certificates in `FILE` for upstreams (tests, private CAs)", EnvVars: []string{"SANDGATE_UPSTREAM_CA"}},
+			&cli.GenericFlag{Name: "transform-module", Value: &moduleSpecs{}, Usage: "apply the WebAssembly (http-wasm) module in `FILE[?CONFIG]` to base-URL routes, before the secret swap; repeatable, applied in order; CONFIG is the module's config, or @PATH to read it from a file"},
 		),
+
 		OnUsageError: usageError,
 		Action:       runProxy,
 	}
@@ -68,6 +71,20 @@ func runProxy(c *cli.Context) error {
 	if err != nil {
 		return badInput("--upstream-ca: %v", err)
 	}
+	var modules *wasm.Chain
+	if specs := *c.Generic("transform-module").(*moduleSpecs); len(specs) > 0 {
+		rt, err := newWasmRuntime(c, logger)
+		if err != nil {
+			return err
+		}
+		defer rt.Close(context.Background())
+		if modules, err = loadModules(c.Context, rt, specs); err != nil {
+			return err
+		}
+		for _, m := range modules.Modules() {
+			logger.Info("transform module loaded", "module", m.Name(), "features", m.Features().String())
+		}
+	}
 	auditOut, closeAudit, err := openAuditLog(c.String("audit-log"), c.App.Writer)
 	if err != nil {
 		return badInput("--audit-log: %v", err)
@@ -83,6 +100,7 @@ func runProxy(c *cli.Context) error {
 		Metrics:       metrics,
 		Logger:        logger,
 		UpstreamRoots: roots,
+		Modules:       modules,
 	})
 	if err != nil {
 		return err
@@ -107,7 +125,7 @@ func runProxy(c *cli.Context) error {
 	sb := relay.NewSandbox(c.String("sandbox-id"), eg.policy, rules)
 	defer sb.Close()
 	logger.Info("proxy listening", "addr", ln.Addr().String(), "sandbox", sb.ID(),
-		"service_hosts", len(eg.decider.ServiceHosts), "transformations", rules.Len())
+		"service_hosts", len(eg.decider.ServiceHosts), "transformations", rules.Len(), "transform_modules", modules.Len())
 	served := make(chan error, 1)
 	go func() { served <- p.Serve(c.Context, ln, sb) }()
 	select {

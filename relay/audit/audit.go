@@ -50,7 +50,15 @@ type Event struct {
 	Duration   time.Duration `json:"duration_ns"`
 	DNSTime    time.Duration `json:"dns_ns,omitempty"`
 	Transforms []string      `json:"transforms,omitempty"`
-	Error      string        `json:"error,omitempty"`
+	// Module is the WebAssembly transform module that answered, refused or
+	// failed the request (see transforms/wasm); empty when none did.
+	Module string `json:"module,omitempty"`
+	// Notes are the audit notes modules attached to the request, each
+	// "module: text", scrubbed of secrets like Error. NotesDropped counts
+	// the notes over the caps (count and size), which were dropped.
+	Notes        []string `json:"notes,omitempty"`
+	NotesDropped int      `json:"notes_dropped,omitempty"`
+	Error        string   `json:"error,omitempty"`
 }
 
 // Decision renders Allow as the word used in logs.
@@ -112,6 +120,9 @@ func (l Logger) Record(e Event) {
 	add(slog.Int("status", e.Status), e.Status != 0)
 	add(slog.Float64("dns_ms", float64(e.DNSTime)/1e6), e.DNSTime != 0)
 	add(slog.Any("transforms", e.Transforms), len(e.Transforms) > 0)
+	add(slog.String("module", e.Module), e.Module != "")
+	add(slog.Any("notes", e.Notes), len(e.Notes) > 0)
+	add(slog.Int("notes_dropped", e.NotesDropped), e.NotesDropped != 0)
 	add(slog.String("error", e.Error), e.Error != "")
 	l.L.LogAttrs(context.Background(), level, "egress", attrs...)
 }

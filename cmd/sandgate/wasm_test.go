@@ -1,0 +1,188 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sandgate/sandgate/internal/dnstest"
+	"github.com/sandgate/sandgate/internal/tlstest"
+)
+
+var probeOnce struct {
+	sync.Once
+	path string
+	err  error
+	out  []byte
+}
+
+// probeGuest builds the host tests' probe guest (a script-driven http-wasm
+// module) once, next to the sandgate binary the tests build (TestMain
+// removes that directory).
+func probeGuest(t *testing.T) string {
+	t.Helper()
+	dir := filepath.Dir(binary(t))
+	probeOnce.Do(func() {
+		probeOnce.path = filepath.Join(dir, "probe.wasm")
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, "go", "build", "-buildmode=c-shared", "-o", probeOnce.path, "../../transforms/wasm/testdata/probe")
+		cmd.Env = append(os.Environ(), "GOOS=wasip1", "GOARCH=wasm", "CGO_ENABLED=0")
+		probeOnce.out, probeOnce.err = cmd.CombinedOutput()
+	})
+	if probeOnce.err != nil {
+		t.Fatalf("building the probe guest: %v\n%s", probeOnce.err, probeOnce.out)
+	}
+	return probeOnce.path
+}
+
+func TestWasmCheck(t *testing.T) {
+	probe := probeGuest(t)
+	cache := "--wasm-cache-dir=" + t.TempDir()
+	code, out, errOut := runCLI(t, "wasm", "check", probe, "--config", "init enable 1", cache)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	for _, want := range []string{"module: probe\n", "exports: _initialize, handle_request, handle_response", "http_handler.get_header_names", "sandgate.audit_note", "wasi_snapshot_preview1.", "features enabled at start: buffer_request\n", "ok: the proxy would load it\n"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("check output lacks %q:\n%s", want, out)
+		}
+	}
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "cfg")
+	os.WriteFile(cfg, []byte("init enable 3"), 0o600)
+	if code, out, _ := runCLI(t, "wasm", "check", "--config", "@"+cfg, cache, probe); code != 0 || !strings.Contains(out, "buffer_request|buffer_response") {
+		t.Errorf("--config @FILE: %d %q", code, out)
+	}
+	bad := filepath.Join(dir, "bad.wasm")
+	os.WriteFile(bad, []byte("\x00asm\x01\x00\x00\x00\xff"), 0o600)
+	for _, tt := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{bad}, "wasm module bad: does not compile"},
+		{[]string{filepath.Join(dir, "missing.wasm")}, "cannot read"},
+		{nil, "takes one module FILE"},
+		{[]string{probe, "--wasm-memory-pages", "0"}, "--wasm-memory-pages"},
+	} {
+		code, _, errOut := runCLI(t, append([]string{"wasm", "check", cache}, tt.args...)...)
+		if code != exitBadInput || !strings.Contains(errOut, tt.want) {
+			t.Errorf("check %v = %d %q; want 2 and %q", tt.args, code, errOut, tt.want)
+		}
+	}
+}
+
+func TestWasmRun(t *testing.T) {
+	probe := probeGuest(t)
+	cache := "--wasm-cache-dir=" + t.TempDir()
+	dir := t.TempDir()
+	reqFile := filepath.Join(dir, "req.http")
+	os.WriteFile(reqFile, []byte("POST /v1/messages?x=1 HTTP/1.1\r\nHost: api.example.com\r\nAuthorization: Bearer sandgate-placeholder-KEY\r\nConnection: close\r\nContent-Length: 5\r\n\r\nhello"), 0o600)
+	code, out, errOut := runCLI(t, "wasm", "run", probe, "--request", reqFile, cache,
+		"--config", "req set 0 X-Added yes\nreq seturi /v2/messages\nreq write 0 bye\nreq note seen")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	want := "POST /v2/messages HTTP/1.1\r\nHost: api.example.com\r\nAuthorization: Bearer sandgate-placeholder-KEY\r\nContent-Length: 3\r\nX-Added: yes\r\n\r\nbye"
+	if out != want {
+		t.Errorf("got\n%q\nwant\n%q", out, want)
+	}
+	if !strings.Contains(errOut, "note: probe: seen\n") {
+		t.Errorf("notes not on stderr: %q", errOut)
+	}
+	code, out, _ = runCLI(t, "wasm", "run", probe, "--request", reqFile, cache, "--config", "req refuse 451 no%20way")
+	if code != exitDenied || out != "refused by probe: 451 no way\n" {
+		t.Errorf("refusal: %d %q", code, out)
+	}
+	code, _, errOut = runCLI(t, "wasm", "run", probe, "--request", reqFile, cache, "--config", "req set 0 Host evil.example")
+	if code != exitFailure || !strings.Contains(errOut, "cannot change the destination host") {
+		t.Errorf("failure: %d %q", code, errOut)
+	}
+	noHost := filepath.Join(dir, "nohost.http")
+	os.WriteFile(noHost, []byte("GET / HTTP/1.0\r\n\r\n"), 0o600)
+	if code, _, errOut := runCLI(t, "wasm", "run", probe, "--request", noHost, cache); code != exitBadInput || !strings.Contains(errOut, "Host") {
+		t.Errorf("no Host: %d %q", code, errOut)
+	}
+}
+
+// TestProxyTransformModule runs `sandgate proxy --transform-module` as a
+// process: the module's header reaches the upstream and its note the audit
+// log.
+func TestProxyTransformModule(t *testing.T) {
+	bin, probe := binary(t), probeGuest(t)
+	d := dnstest.Start(t)
+	ca := tlstest.MustCA(t)
+	got := make(chan string, 1)
+	srv := ca.Server(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got <- r.Header.Get("X-Order")
+		io.WriteString(w, "ok")
+	}), "api.example.com")
+	a := tlstest.Addr(srv)
+	d.Set("api.example.com", a)
+	dir := t.TempDir()
+	caFile, err := ca.WritePEM(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := filepath.Join(dir, "second.cfg")
+	os.WriteFile(cfg, []byte("req add 0 X-Order second\nreq note tagged"), 0o600)
+	auditLog := filepath.Join(dir, "audit.jsonl")
+	cmd := exec.Command(bin, "proxy", "--listen", "127.0.0.1:0", "--allow", "api.example.com", "--dns", d.Addr,
+		"--allow-private", a.String()+"/32", "--upstream-ca", caFile, "--audit-log", auditLog, "--wasm-cache-dir", filepath.Join(dir, "cache"),
+		"--transform-module", probe+"?req add 0 X-Order first,with-comma",
+		"--transform-module", probe+"?@"+cfg)
+	stderr, _ := cmd.StderrPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	addr := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			var m map[string]any
+			if json.Unmarshal(sc.Bytes(), &m) == nil && m["message"] == "proxy listening" {
+				addr <- m["addr"].(string)
+			}
+		}
+	}()
+	var proxyAddr string
+	select {
+	case proxyAddr = <-addr:
+	case <-time.After(30 * time.Second):
+		t.Fatal("proxy did not say it was listening within 30s")
+	}
+	resp, err := http.Get("http://" + proxyAddr + "/https/api.example.com/v1/x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || string(b) != "ok" {
+		t.Fatalf("got %d %q", resp.StatusCode, b)
+	}
+	if h := <-got; h != "first,with-comma" {
+		t.Errorf("upstream saw X-Order %q", h)
+	}
+	cmd.Process.Signal(os.Interrupt)
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatal("proxy did not stop within 20s")
+	}
+	audit, _ := os.ReadFile(auditLog)
+	if !strings.Contains(string(audit), `"notes":["probe: tagged"]`) {
+		t.Errorf("audit log lacks the note:\n%s", audit)
+	}
+}

@@ -1,0 +1,64 @@
+package wasm
+
+import (
+	"context"
+	"net/http"
+	"testing"
+)
+
+// BenchmarkCall measures what one module adds to a request: a pooled
+// instance's handle_request and handle_response, each under its deadline
+// and the memory cap. Compare BenchmarkInstantiate, the cost a request
+// would pay without the pool.
+func BenchmarkCall(b *testing.B) {
+	r := newRuntime(b, Config{})
+	for _, tc := range []struct {
+		name string
+		bin  []byte
+	}{
+		{"go-guest", guest(b, "noop")},
+		{"handwritten", handler(opI64Const1...).bytes()},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			m, err := r.Load(context.Background(), tc.name, tc.bin, nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer m.Close(context.Background())
+			req, _ := http.NewRequest("GET", "https://api.example.com/v1/x", nil)
+			resp := &http.Response{StatusCode: 200, Header: http.Header{}, Body: http.NoBody}
+			ctx := context.Background()
+			b.ReportAllocs()
+			for b.Loop() {
+				x, err := HandleRequest(ctx, req, info, NewChain(m))
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := x.HandleResponse(ctx, resp); err != nil {
+					b.Fatal(err)
+				}
+				x.Close()
+			}
+		})
+	}
+}
+
+// BenchmarkInstantiate measures starting a fresh instance of a Go guest
+// (what a failed instance's replacement costs).
+func BenchmarkInstantiate(b *testing.B) {
+	r := newRuntime(b, Config{})
+	m, err := r.Load(context.Background(), "noop", guest(b, "noop"), nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer m.Close(context.Background())
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		inst, err := m.instantiate(ctx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		inst.mod.Close(ctx)
+	}
+}

@@ -1,0 +1,379 @@
+package wasm
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/tetratelabs/wazero"
+	"github.com/tetratelabs/wazero/api"
+	"github.com/tetratelabs/wazero/sys"
+)
+
+// The guest's exports, as the ABI names them.
+const (
+	exportHandleRequest  = "handle_request"
+	exportHandleResponse = "handle_response"
+	exportMemory         = "memory"
+)
+
+// Module is one guest: compiled once, with its name and config bytes, and a
+// capped pool of instances. It is safe for concurrent use.
+type Module struct {
+	rt     *Runtime
+	name   string
+	config []byte
+	cm     wazero.CompiledModule
+	key    [32]byte
+	// hasRequest and hasResponse say which handlers the guest exports.
+	hasRequest, hasResponse bool
+	// features are what the first instance enabled while it started; every
+	// instance starts the same way.
+	features Features
+	imports  []string
+	exports  []string
+
+	slots chan struct{} // one token per instance in use
+	mu    sync.Mutex
+	idle  []*instance
+	done  bool
+}
+
+// instance is one instantiation of a module, used by one request at a time.
+type instance struct {
+	mod            api.Module
+	handleRequest  api.Function
+	handleResponse api.Function
+	features       Features
+	stderr         headBuffer
+	stack          [2]uint64
+}
+
+// LoadFile loads the module in the file at path, named after the file
+// (without .wasm), with config bytes.
+func (r *Runtime) LoadFile(ctx context.Context, path string, config []byte) (*Module, error) {
+	name := strings.TrimSuffix(filepath.Base(path), ".wasm")
+	bin, err := os.ReadFile(path)
+	if err != nil {
+		return nil, loadError(name, err, "cannot read %s", path)
+	}
+	return r.Load(ctx, name, bin, config)
+}
+
+// Load compiles bin (or reuses its compiled form), checks it, and starts
+// one instance, which stays in the pool. It refuses, naming what is wrong, a
+// module that does not compile, imports a function no host module provides
+// (or with another signature), exports neither handle_request nor
+// handle_response (or either with the wrong signature), exports no memory,
+// or whose start function exits (a command module). name identifies the
+// module in errors, logs and audit events.
+func (r *Runtime) Load(ctx context.Context, name string, bin []byte, config []byte) (*Module, error) {
+	if name == "" {
+		name = "module"
+	}
+	cm, key, err := r.compile(ctx, bin)
+	if err != nil {
+		return nil, loadError(name, err, "does not compile")
+	}
+	m := &Module{rt: r, name: name, config: slices.Clone(config), cm: cm, key: key, slots: make(chan struct{}, r.cfg.PoolSize)}
+	if err := m.check(); err != nil {
+		r.uncompile(ctx, key)
+		return nil, err
+	}
+	m.slots <- struct{}{}
+	inst, err := m.instantiate(ctx)
+	if err != nil {
+		<-m.slots
+		r.uncompile(ctx, key)
+		return nil, err
+	}
+	m.features = inst.features
+	m.put(inst)
+	return m, nil
+}
+
+// check validates imports and exports against the ABI.
+func (m *Module) check() error {
+	for _, def := range m.cm.ImportedFunctions() {
+		mod, fn, _ := def.Import()
+		full := mod + "." + fn
+		m.imports = append(m.imports, full)
+		want, ok := m.rt.hostFuncs[full]
+		if !ok {
+			return loadError(m.name, nil, "imports function %s, which this host does not provide (it provides http_handler.*, sandgate.* and wasi_snapshot_preview1.*; see transforms/wasm/README.md)", full)
+		}
+		got := signature{params: string(def.ParamTypes()), results: string(def.ResultTypes())}
+		if got != want {
+			return loadError(m.name, nil, "imports %s with type %s; the host's is %s", full, got, want)
+		}
+	}
+	for _, def := range m.cm.ImportedMemories() {
+		mod, n, _ := def.Import()
+		return loadError(m.name, nil, "imports memory %s.%s; a guest must define and export its own memory", mod, n)
+	}
+	exports := m.cm.ExportedFunctions()
+	for n := range exports {
+		m.exports = append(m.exports, n)
+	}
+	slices.Sort(m.exports)
+	if def, ok := exports[exportHandleRequest]; ok {
+		if got := (signature{string(def.ParamTypes()), string(def.ResultTypes())}); got != (signature{"", string([]api.ValueType{api.ValueTypeI64})}) {
+			return loadError(m.name, nil, "exports handle_request with type %s; the ABI's is () -> i64", got)
+		}
+		m.hasRequest = true
+	}
+	if def, ok := exports[exportHandleResponse]; ok {
+		if got := (signature{string(def.ParamTypes()), string(def.ResultTypes())}); got != (signature{string([]api.ValueType{api.ValueTypeI32, api.ValueTypeI32}), ""}) {
+			return loadError(m.name, nil, "exports handle_response with type %s; the ABI's is (i32, i32) -> ()", got)
+		}
+		m.hasResponse = true
+	}
+	if !m.hasRequest && !m.hasResponse {
+		return loadError(m.name, nil, "exports neither handle_request nor handle_response; an http-wasm guest exports at least one (Go: //go:wasmexport handle_request)")
+	}
+	if _, ok := m.cm.ExportedMemories()[exportMemory]; !ok {
+		return loadError(m.name, nil, "does not export its memory as %q, which the ABI requires", exportMemory)
+	}
+	return nil
+}
+
+func (s signature) String() string {
+	f := func(ts string) string {
+		var out []string
+		for _, t := range []byte(ts) {
+			out = append(out, api.ValueTypeName(t))
+		}
+		return strings.Join(out, ", ")
+	}
+	return "(" + f(s.params) + ") -> (" + f(s.results) + ")"
+}
+
+// Name returns the module's name.
+func (m *Module) Name() string { return m.name }
+
+// Config returns a copy of the module's config bytes.
+func (m *Module) Config() []byte { return slices.Clone(m.config) }
+
+// Features returns the features the module enabled while it started
+// (enable_features in its _initialize). A module may enable more per
+// request; those are not reported here.
+func (m *Module) Features() Features { return m.features }
+
+// Imports returns the functions the module imports, as "module.name".
+func (m *Module) Imports() []string { return slices.Clone(m.imports) }
+
+// Exports returns the names of the functions the module exports, sorted.
+func (m *Module) Exports() []string { return slices.Clone(m.exports) }
+
+// Close closes the module's idle instances now and its busy ones when
+// they are returned, and releases its compiled code.
+func (m *Module) Close(ctx context.Context) error {
+	m.mu.Lock()
+	if m.done {
+		m.mu.Unlock()
+		return nil
+	}
+	m.done = true
+	idle := m.idle
+	m.idle = nil
+	m.mu.Unlock()
+	for _, inst := range idle {
+		inst.mod.Close(ctx)
+	}
+	m.rt.uncompile(ctx, m.key)
+	return nil
+}
+
+// instantiate starts a new instance. The caller holds a slot.
+func (m *Module) instantiate(ctx context.Context) (*instance, error) {
+	inst := &instance{}
+	cfg := wazero.NewModuleConfig().
+		WithName("").
+		WithArgs(m.name).
+		WithStartFunctions("_initialize", "_start").
+		WithSysNanotime().
+		WithRandSource(rand.Reader).
+		WithStdout(io.Discard).
+		WithStderr(&inst.stderr)
+	st := &callState{m: m, inst: inst, phase: phaseStart}
+	sctx, cancel := context.WithTimeout(ctx, m.rt.cfg.StartTimeout)
+	defer cancel()
+	mod, err := m.rt.wr.InstantiateModule(context.WithValue(sctx, stateKey{}, st), m.cm, cfg)
+	if err != nil {
+		var ee *sys.ExitError
+		if errors.As(err, &ee) {
+			switch ee.ExitCode() {
+			case sys.ExitCodeDeadlineExceeded:
+				return nil, loadError(m.name, nil, "its start function ran past the %s start limit", m.rt.cfg.StartTimeout)
+			case sys.ExitCodeContextCanceled:
+				return nil, loadError(m.name, err, "start canceled")
+			}
+			return nil, loadError(m.name, nil, "its start function exited with code %d%s: it is a command module; build a reactor (Go: GOOS=wasip1 GOARCH=wasm go build -buildmode=c-shared)", ee.ExitCode(), inst.stderr.suffix())
+		}
+		return nil, loadError(m.name, err, "cannot be instantiated%s", inst.stderr.suffix())
+	}
+	if mod.IsClosed() { // wazero does not report an exit with code 0 from a start function
+		return nil, loadError(m.name, nil, "its start function exited with code 0: it is a command module; build a reactor (Go: GOOS=wasip1 GOARCH=wasm go build -buildmode=c-shared)")
+	}
+	inst.mod = mod
+	inst.handleRequest = mod.ExportedFunction(exportHandleRequest)
+	inst.handleResponse = mod.ExportedFunction(exportHandleResponse)
+	return inst, nil
+}
+
+// borrow takes an idle instance, or starts one, waiting (bounded by ctx and
+// PoolWait) while PoolSize instances are in use.
+func (m *Module) borrow(ctx context.Context) (*instance, error) {
+	select {
+	case m.slots <- struct{}{}:
+	default:
+		t := time.NewTimer(m.rt.cfg.PoolWait)
+		defer t.Stop()
+		select {
+		case m.slots <- struct{}{}:
+		case <-ctx.Done():
+			return nil, &Error{Module: m.name, Status: http.StatusServiceUnavailable, Reason: fmt.Sprintf("wasm module %s: the request ended while waiting for a free instance", m.name), Err: context.Cause(ctx)}
+		case <-t.C:
+			return nil, failure(http.StatusServiceUnavailable, m.name, "wasm module %s: all %d instances stayed busy for %s", m.name, cap(m.slots), m.rt.cfg.PoolWait)
+		}
+	}
+	m.mu.Lock()
+	if m.done {
+		m.mu.Unlock()
+		<-m.slots
+		return nil, failure(http.StatusBadGateway, m.name, "wasm module %s is closed", m.name)
+	}
+	if n := len(m.idle); n > 0 {
+		inst := m.idle[n-1]
+		m.idle = m.idle[:n-1]
+		m.mu.Unlock()
+		return inst, nil
+	}
+	m.mu.Unlock()
+	inst, err := m.instantiate(ctx)
+	if err != nil {
+		<-m.slots
+		var e *Error
+		if errors.As(err, &e) {
+			e.Status = http.StatusBadGateway
+		}
+		m.rt.cfg.Logger.Warn("wasm module could not start an instance", "module", m.name, "err", err)
+		return nil, err
+	}
+	return inst, nil
+}
+
+// put returns a healthy instance to the pool.
+func (m *Module) put(inst *instance) {
+	m.mu.Lock()
+	if m.done {
+		m.mu.Unlock()
+		inst.mod.Close(context.Background())
+	} else {
+		m.idle = append(m.idle, inst)
+		m.mu.Unlock()
+	}
+	<-m.slots
+}
+
+// discard closes an instance that failed; it never serves again.
+func (m *Module) discard(inst *instance) {
+	inst.mod.Close(context.Background())
+	<-m.slots
+}
+
+// Idle returns the number of idle instances in the pool (for tests and
+// metrics).
+func (m *Module) Idle() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.idle)
+}
+
+// call runs fn on inst with the module's time limit, st visible to the
+// host functions. An error means the instance is dead (trap, exit, time
+// limit, host trap) and must be discarded; it is returned as an *Error
+// naming the module.
+func (m *Module) call(ctx context.Context, inst *instance, fn api.Function, st *callState, what string, params ...uint64) (uint64, error) {
+	cctx, cancel := context.WithTimeout(ctx, m.rt.cfg.CallTimeout)
+	defer cancel()
+	inst.stderr.reset()
+	stack := inst.stack[:max(len(params), 1)]
+	copy(stack, params)
+	err := fn.CallWithStack(context.WithValue(cctx, stateKey{}, st), stack)
+	if err == nil {
+		return stack[0], nil
+	}
+	return 0, m.describe(err, inst, what)
+}
+
+// describe turns a failed call into the error the request fails with.
+func (m *Module) describe(err error, inst *instance, what string) *Error {
+	var e *Error
+	if errors.As(err, &e) { // a host function failed the request (a body over the cap)
+		return e
+	}
+	var ee *sys.ExitError
+	var ae *abiError
+	var out *Error
+	switch {
+	case errors.As(err, &ee) && ee.ExitCode() == sys.ExitCodeDeadlineExceeded:
+		out = failure(http.StatusBadGateway, m.name, "wasm module %s ran past its %s time limit in %s", m.name, m.rt.cfg.CallTimeout, what)
+	case errors.As(err, &ee) && ee.ExitCode() == sys.ExitCodeContextCanceled:
+		out = failure(http.StatusBadGateway, m.name, "wasm module %s: the request ended during %s", m.name, what)
+	case errors.As(err, &ee):
+		out = failure(http.StatusBadGateway, m.name, "wasm module %s exited with code %d in %s%s", m.name, ee.ExitCode(), what, inst.stderr.suffix())
+	case errors.As(err, &ae):
+		out = failure(http.StatusBadGateway, m.name, "wasm module %s broke the http-wasm ABI in %s: %s", m.name, what, ae.msg)
+	default:
+		msg, _, _ := strings.Cut(err.Error(), "\n")
+		out = failure(http.StatusBadGateway, m.name, "wasm module %s trapped in %s: %s%s", m.name, what, msg, inst.stderr.suffix())
+	}
+	m.rt.cfg.Logger.Warn("wasm module failed; its instance is closed", "module", m.name, "reason", out.Reason, "err", err.Error())
+	return out
+}
+
+// headBuffer keeps the first bytes a guest writes to stderr (a Go guest's
+// panic message), for the failure's reason.
+type headBuffer struct {
+	mu sync.Mutex
+	b  []byte
+}
+
+const stderrKeep = 256
+
+func (h *headBuffer) Write(p []byte) (int, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if room := stderrKeep - len(h.b); room > 0 {
+		h.b = append(h.b, p[:min(room, len(p))]...)
+	}
+	return len(p), nil
+}
+
+func (h *headBuffer) reset() {
+	h.mu.Lock()
+	h.b = h.b[:0]
+	h.mu.Unlock()
+}
+
+// suffix renders the first line of stderr as ": line", or "".
+func (h *headBuffer) suffix() string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	s := strings.TrimSpace(string(h.b))
+	s, _, _ = strings.Cut(s, "\n")
+	if s == "" {
+		return ""
+	}
+	return " (stderr: " + strings.ToValidUTF8(s, "?") + ")"
+}

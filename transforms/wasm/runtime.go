@@ -1,0 +1,219 @@
+package wasm
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sync"
+	"time"
+
+	"github.com/tetratelabs/wazero"
+	"github.com/tetratelabs/wazero/imports/wasi_snapshot_preview1"
+)
+
+// Config configures a Runtime. Zero values take the documented defaults.
+type Config struct {
+	// CacheDir holds wazero's compilation cache, so that a module compiled
+	// once is not compiled again by the next process. Empty means
+	// <os.UserCacheDir>/sandgate/wasm, or a directory under os.TempDir when
+	// there is no user cache directory. "off" disables the disk cache.
+	CacheDir string
+	// MemoryLimitPages caps each instance's linear memory, in 64 KiB pages;
+	// default 512 (32 MiB). A guest that grows past it fails its request
+	// (a Go guest exits with "out of memory") and is replaced.
+	MemoryLimitPages uint32
+	// CallTimeout bounds each call into a guest (handle_request,
+	// handle_response); default 100ms. A guest still running then is closed
+	// (wazero's WithCloseOnContextDone) and its request fails.
+	CallTimeout time.Duration
+	// StartTimeout bounds instantiating a guest (its _initialize); default 5s.
+	StartTimeout time.Duration
+	// PoolSize caps the instances of one module alive at once (in use or
+	// idle); default 2×GOMAXPROCS, at least 4.
+	PoolSize int
+	// PoolWait bounds how long a request waits for a free instance when
+	// every one is busy; default 10s (the request's context may end it
+	// sooner). Past it the request fails with 503.
+	PoolWait time.Duration
+	// MaxBodyBytes caps a body buffered for a module (buffer_request,
+	// buffer_response) and a body a module writes; default 1 MiB. A request
+	// body over it fails with 413, a response body with 502: never a silent
+	// truncation.
+	MaxBodyBytes int
+	// MaxNotes and MaxNoteBytes cap the audit notes of one request (all
+	// modules together) and the length of one note; defaults 32 and 1024.
+	// A note over either cap is dropped and counted (audit notes_dropped).
+	MaxNotes, MaxNoteBytes int
+	// Logger receives what guests log (http_handler.log) and module
+	// failures. Nil discards.
+	Logger *slog.Logger
+}
+
+func (c Config) withDefaults() Config {
+	if c.MemoryLimitPages == 0 {
+		c.MemoryLimitPages = 512
+	}
+	if c.CallTimeout <= 0 {
+		c.CallTimeout = 100 * time.Millisecond
+	}
+	if c.StartTimeout <= 0 {
+		c.StartTimeout = 5 * time.Second
+	}
+	if c.PoolSize <= 0 {
+		c.PoolSize = max(4, 2*runtime.GOMAXPROCS(0))
+	}
+	if c.PoolWait <= 0 {
+		c.PoolWait = 10 * time.Second
+	}
+	if c.MaxBodyBytes <= 0 {
+		c.MaxBodyBytes = 1 << 20
+	}
+	if c.MaxNotes <= 0 {
+		c.MaxNotes = 32
+	}
+	if c.MaxNoteBytes <= 0 {
+		c.MaxNoteBytes = 1024
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c
+}
+
+// maxMemoryLimitPages is WebAssembly's own cap (4 GiB).
+const maxMemoryLimitPages = 65536
+
+// Runtime is the one wazero runtime every module runs in. It is safe for
+// concurrent use. Close it when done: it releases the compiled code and
+// every instance.
+type Runtime struct {
+	cfg   Config
+	wr    wazero.Runtime
+	cache wazero.CompilationCache
+	// hostFuncs are the functions guests may import, by "module.name",
+	// with their signatures.
+	hostFuncs map[string]signature
+
+	mu       sync.Mutex
+	compiled map[[32]byte]*compiledEntry
+	closed   bool
+}
+
+type compiledEntry struct {
+	cm   wazero.CompiledModule
+	refs int
+}
+
+// NewRuntime creates the runtime: wazero's compiler with the compilation
+// cache, memory limit and close-on-context-done, and the host modules.
+func NewRuntime(ctx context.Context, cfg Config) (*Runtime, error) {
+	cfg = cfg.withDefaults()
+	if cfg.MemoryLimitPages > maxMemoryLimitPages {
+		return nil, fmt.Errorf("wasm: MemoryLimitPages %d is over WebAssembly's %d (4 GiB); use a smaller limit", cfg.MemoryLimitPages, maxMemoryLimitPages)
+	}
+	rc := wazero.NewRuntimeConfigCompiler().
+		WithCloseOnContextDone(true).
+		WithMemoryLimitPages(cfg.MemoryLimitPages)
+	var cache wazero.CompilationCache
+	if cfg.CacheDir != "off" {
+		dir, err := cacheDir(cfg.CacheDir)
+		if err != nil {
+			return nil, err
+		}
+		if cache, err = wazero.NewCompilationCacheWithDir(dir); err != nil {
+			return nil, fmt.Errorf("wasm: compilation cache %s: %w (set another directory, or \"off\")", dir, err)
+		}
+		rc = rc.WithCompilationCache(cache)
+	}
+	r := &Runtime{cfg: cfg, wr: wazero.NewRuntimeWithConfig(ctx, rc), cache: cache, compiled: map[[32]byte]*compiledEntry{}}
+	if _, err := wasi_snapshot_preview1.Instantiate(ctx, r.wr); err != nil {
+		r.Close(ctx)
+		return nil, fmt.Errorf("wasm: instantiating WASI: %w", err)
+	}
+	if err := r.instantiateHost(ctx); err != nil {
+		r.Close(ctx)
+		return nil, err
+	}
+	r.hostFuncs = map[string]signature{}
+	for _, mod := range []string{wasi_snapshot_preview1.ModuleName, moduleHTTPHandler, moduleSandgate} {
+		for name, def := range r.wr.Module(mod).ExportedFunctionDefinitions() {
+			r.hostFuncs[mod+"."+name] = signature{params: string(def.ParamTypes()), results: string(def.ResultTypes())}
+		}
+	}
+	return r, nil
+}
+
+// cacheDir resolves the compilation cache directory and creates it.
+func cacheDir(dir string) (string, error) {
+	if dir == "" {
+		base, err := os.UserCacheDir()
+		if err != nil {
+			base = os.TempDir()
+		}
+		dir = filepath.Join(base, "sandgate", "wasm")
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", fmt.Errorf("wasm: compilation cache directory: %w (set another with CacheDir, or \"off\")", err)
+	}
+	return dir, nil
+}
+
+// Config returns the runtime's configuration, defaults filled in.
+func (r *Runtime) Config() Config { return r.cfg }
+
+// Close releases every module's instances and compiled code. Modules
+// loaded from r must not be used after.
+func (r *Runtime) Close(ctx context.Context) error {
+	r.mu.Lock()
+	r.closed = true
+	r.mu.Unlock()
+	err := r.wr.Close(ctx)
+	if r.cache != nil {
+		err = errors.Join(err, r.cache.Close(ctx))
+	}
+	return err
+}
+
+// compile returns the compiled form of bin, shared by every module loaded
+// from the same bytes; release it with uncompile.
+func (r *Runtime) compile(ctx context.Context, bin []byte) (wazero.CompiledModule, [32]byte, error) {
+	key := sha256.Sum256(bin)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return nil, key, errors.New("runtime is closed")
+	}
+	if e := r.compiled[key]; e != nil {
+		e.refs++
+		return e.cm, key, nil
+	}
+	cm, err := r.wr.CompileModule(ctx, bin)
+	if err != nil {
+		return nil, key, err
+	}
+	r.compiled[key] = &compiledEntry{cm: cm, refs: 1}
+	return cm, key, nil
+}
+
+func (r *Runtime) uncompile(ctx context.Context, key [32]byte) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	e := r.compiled[key]
+	if e == nil {
+		return
+	}
+	if e.refs--; e.refs == 0 {
+		delete(r.compiled, key)
+		if !r.closed {
+			e.cm.Close(ctx)
+		}
+	}
+}
+
+// signature is a function type as strings of wazero value types.
+type signature struct{ params, results string }
