@@ -53,6 +53,9 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 			proxyCommand(),
 			policyCommand(),
 			snapshotCommand(),
+			sandboxCommand(),
+			agentCommand(),
+			wasmCommand(),
 		},
 		ExitErrHandler: func(*cli.Context, error) {}, // run() reports errors
 	}

@@ -6,8 +6,13 @@ package main
 
 import (
 	"os"
+
+	"github.com/sandgate/sandgate/appliance/localbox"
 )
 
 func main() {
+	if localbox.IsInit() { // a sandbox's init, re-executed by `sandbox run`
+		localbox.InitMain()
+	}
 	os.Exit(run(os.Args, os.Stdout, os.Stderr))
 }

@@ -1,0 +1,702 @@
+package localbox
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"os"
+	"os/signal"
+	"path"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// The init is this binary re-executed with initEnv set: "1" for the first
+// stage (joins the cgroup namespace, then re-executes itself), "2" for the
+// init proper.
+const (
+	initEnv = "_SANDGATE_LOCALBOX_INIT"
+	dirEnv  = "_SANDGATE_LOCALBOX_DIR"
+	// Descriptors the creating process hands the init.
+	syncFD     = 3 // SOCK_SEQPACKET: "go" in, "ok" or an error out
+	listenerFD = 4 // the bound ctl.sock listener
+)
+
+// IsInit reports whether this process is a sandbox's init, re-executed by
+// Run or Fork. A program that uses this package must then call InitMain
+// before doing anything else (before parsing its command line).
+func IsInit() bool { return os.Getenv(initEnv) != "" }
+
+// InitMain runs a sandbox's init and never returns. Call it only when
+// IsInit is true.
+func InitMain() {
+	var err error
+	switch os.Getenv(initEnv) {
+	case "1":
+		err = stage1()
+	case "2":
+		err = stage2()
+	default:
+		err = fmt.Errorf("%s=%q: not a sandbox init", initEnv, os.Getenv(initEnv))
+	}
+	msg := "error: " + err.Error()
+	fmt.Fprintf(os.Stderr, "sandgate sandbox init: %v\n", err)
+	_, _ = unix.Write(syncFD, []byte(msg))
+	os.Exit(1)
+}
+
+// stage1 waits until the creating process has moved it into the sandbox's
+// cgroups, then enters a new cgroup namespace rooted there and re-executes
+// itself: unshare only changes the calling thread, and execve from that
+// thread makes the whole new image start inside the namespace.
+func stage1() error {
+	runtime.LockOSThread()
+	keepOnlyOwnFDs()
+	buf := make([]byte, 16)
+	n, err := unix.Read(syncFD, buf)
+	if err != nil || string(buf[:n]) != "go" {
+		return fmt.Errorf("waiting for the go-ahead: %d bytes, %v", n, err)
+	}
+	if err := unix.Unshare(unix.CLONE_NEWCGROUP); err != nil {
+		return fmt.Errorf("cgroup namespace: %w", err)
+	}
+	env := []string{initEnv + "=2", dirEnv + "=" + os.Getenv(dirEnv)}
+	return fmt.Errorf("re-exec: %w", syscall.Exec("/proc/self/exe", os.Args, env))
+}
+
+func stage2() error {
+	keepOnlyOwnFDs()
+	unix.CloseOnExec(syncFD)
+	unix.CloseOnExec(listenerFD)
+	dir := os.Getenv(dirEnv)
+	var cfg Config
+	if err := readJSON(filepath.Join(dir, configFile), &cfg); err != nil {
+		return err
+	}
+	// Signals from inside the sandbox reach pid 1 only when it handles
+	// them: handle (and drop) the ones that would otherwise end it. Ignoring
+	// them instead would be inherited by every command.
+	quiet := make(chan os.Signal, 8)
+	signal.Notify(quiet, unix.SIGTERM, unix.SIGINT, unix.SIGHUP, unix.SIGQUIT, unix.SIGUSR1, unix.SIGUSR2, unix.SIGPIPE, unix.SIGALRM, unix.SIGTSTP, unix.SIGTTIN, unix.SIGTTOU)
+	go func() {
+		for range quiet {
+		}
+	}()
+	sigchld := make(chan os.Signal, 1)
+	signal.Notify(sigchld, unix.SIGCHLD)
+
+	state, err := os.OpenRoot(dir) // kept: the init writes stopped.json through it after pivot_root
+	if err != nil {
+		return err
+	}
+	unix.Umask(0)
+	if err := setupRoot(dir, &cfg); err != nil {
+		return err
+	}
+	unix.Umask(0o022)
+	policy, _, err := SeccompPolicy(Capabilities)
+	if err != nil {
+		return fmt.Errorf("seccomp profile: %w", err)
+	}
+	s := &server{state: state, procs: map[int]*proc{}, spawn: make(chan *spawnReq)}
+	ready := make(chan error, 1)
+	go s.forker(ready, func() error {
+		if err := dropCapabilities(); err != nil {
+			return err
+		}
+		return loadSeccomp(policy)
+	})
+	if err := <-ready; err != nil {
+		return err
+	}
+	lf := os.NewFile(listenerFD, "ctl.sock")
+	ln, err := net.FileListener(lf)
+	lf.Close()
+	if err != nil {
+		return fmt.Errorf("control socket: %w", err)
+	}
+	go s.reap(sigchld)
+	if _, err := unix.Write(syncFD, []byte("ok")); err != nil {
+		return err
+	}
+	unix.Close(syncFD)
+	for {
+		c, err := ln.(*net.UnixListener).AcceptUnix()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				select {} // stopping: stop() exits the process
+			}
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		s.wg.Add(1)
+		go s.handle(c)
+	}
+}
+
+// keepOnlyOwnFDs marks every descriptor above the two the creator passed
+// close-on-exec: a descriptor the creating process leaked to the init
+// (anything it had open without O_CLOEXEC) must never reach a command.
+func keepOnlyOwnFDs() {
+	if err := unix.CloseRange(listenerFD+1, ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {
+		for fd := listenerFD + 1; fd < 1024; fd++ {
+			unix.CloseOnExec(fd)
+		}
+	}
+}
+
+// escapeOverlay escapes an overlayfs option value.
+func escapeOverlay(p string) string {
+	return strings.NewReplacer(`\`, `\\`, `,`, `\,`, `:`, `\:`).Replace(p)
+}
+
+// rootFS opens paths beneath the new root without following any symlink,
+// so that a symlink planted in the rootfs or an imported layer can never
+// redirect a mount.
+type rootFS struct {
+	path string
+	fd   int
+}
+
+func (r *rootFS) open(rel string, flags int) (int, error) {
+	rel = strings.TrimPrefix(path.Clean("/"+rel), "/")
+	if rel == "" {
+		rel = "."
+	}
+	fd, err := unix.Openat2(r.fd, rel, &unix.OpenHow{
+		Flags:   uint64(flags | unix.O_CLOEXEC),
+		Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
+	})
+	if err != nil {
+		return -1, &fs.PathError{Op: "open in sandbox root", Path: "/" + rel, Err: err}
+	}
+	return fd, nil
+}
+
+func fdPath(fd int) string { return "/proc/self/fd/" + strconv.Itoa(fd) }
+
+// mount mounts onto rel beneath the root.
+func (r *rootFS) mount(source, rel, fstype string, flags uintptr, data string) error {
+	fd, err := r.open(rel, unix.O_PATH)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	if err := unix.Mount(source, fdPath(fd), fstype, flags, data); err != nil {
+		return fmt.Errorf("mount %s on %s: %w", fstype+source, rel, err)
+	}
+	return nil
+}
+
+// setAttr sets mount attributes on the mount at rel (and, recursively,
+// those below it).
+func (r *rootFS) setAttr(rel string, attr uint64) error {
+	fd, err := r.open(rel, unix.O_PATH)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	err = unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH|unix.AT_RECURSIVE, &unix.MountAttr{Attr_set: attr})
+	if errors.Is(err, unix.ENOSYS) {
+		flags := uintptr(unix.MS_BIND | unix.MS_REMOUNT)
+		for a, f := range map[uint64]uintptr{unix.MOUNT_ATTR_RDONLY: unix.MS_RDONLY, unix.MOUNT_ATTR_NOSUID: unix.MS_NOSUID, unix.MOUNT_ATTR_NODEV: unix.MS_NODEV, unix.MOUNT_ATTR_NOEXEC: unix.MS_NOEXEC} {
+			if attr&a != 0 {
+				flags |= f
+			}
+		}
+		err = unix.Mount("", fdPath(fd), "", flags, "")
+	}
+	if err != nil {
+		return fmt.Errorf("mount attributes of %s: %w", rel, err)
+	}
+	return nil
+}
+
+// bind bind-mounts source (a path the init can see) onto rel.
+func (r *rootFS) bind(source, rel string, attr uint64) error {
+	if err := r.mount(source, rel, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+		return err
+	}
+	return r.setAttr(rel, attr)
+}
+
+// Docker's masked and read-only paths (moby oci/defaults.go).
+var (
+	maskedPaths = []string{
+		"/proc/asound", "/proc/acpi", "/proc/interrupts", "/proc/kcore", "/proc/keys",
+		"/proc/latency_stats", "/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug",
+		"/proc/scsi", "/sys/firmware", "/sys/devices/virtual/powercap",
+	}
+	readonlyPaths = []string{"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"}
+)
+
+// setupRoot builds the sandbox's root at dir/root and pivots into it.
+func setupRoot(dir string, cfg *Config) error {
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		return fmt.Errorf("make mounts private: %w", err)
+	}
+	if err := unix.Mount("tmpfs", filepath.Join(dir, scaffoldDir), "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=755"); err != nil {
+		return fmt.Errorf("scaffold: %w", err)
+	}
+	if err := buildScaffold(dir, cfg); err != nil {
+		return fmt.Errorf("scaffold: %w", err)
+	}
+	root := filepath.Join(dir, rootDir)
+	opts := "lowerdir=" + escapeOverlay(filepath.Join(dir, scaffoldDir)) + ":" + escapeOverlay(cfg.Rootfs) +
+		",upperdir=" + escapeOverlay(filepath.Join(dir, upperDir)) + ",workdir=" + escapeOverlay(filepath.Join(dir, workDir)) +
+		",redirect_dir=off,metacopy=off,index=off,xino=off"
+	if err := unix.Mount("overlay", root, "overlay", unix.MS_NODEV, opts); err != nil {
+		return fmt.Errorf("mount overlay (%s): %w", opts, err)
+	}
+	rfd, err := unix.Open(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(rfd)
+	r := &rootFS{path: root, fd: rfd}
+
+	if err := r.mount("proc", "proc", "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+		return err
+	}
+	if err := setupDev(r); err != nil {
+		return err
+	}
+	if err := r.mount("sysfs", "sys", "sysfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+		return err
+	}
+	if err := r.mount("tmpfs", "tmp", "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=1777"); err != nil {
+		return err
+	}
+	// Hide the state directory (every sandbox's upper and control socket)
+	// where the rootfs shows it.
+	if stateDir := filepath.Dir(dir); true {
+		if rel, err := filepath.Rel(cfg.Rootfs, stateDir); err == nil && rel != ".." && !strings.HasPrefix(rel, "../") {
+			err := r.mount("tmpfs", rel, "tmpfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=0,size=4k")
+			if err != nil && !errors.Is(err, unix.ENOENT) {
+				return fmt.Errorf("hide the state directory: %w", err)
+			}
+		}
+	}
+	for _, m := range cfg.Mounts {
+		attr := uint64(unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV)
+		if m.ReadOnly {
+			attr |= unix.MOUNT_ATTR_RDONLY
+		}
+		if err := r.bind(m.Source, m.Destination, attr); err != nil {
+			return err
+		}
+	}
+	nullFD, err := r.open("dev/null", unix.O_PATH)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(nullFD)
+	for _, p := range maskedPaths {
+		fd, err := r.open(p, unix.O_PATH)
+		if errors.Is(err, unix.ENOENT) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		var st unix.Stat_t
+		err = unix.Fstat(fd, &st)
+		unix.Close(fd)
+		if err != nil {
+			return err
+		}
+		if st.Mode&unix.S_IFMT == unix.S_IFDIR {
+			err = r.mount("tmpfs", p, "tmpfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=0,size=4k")
+		} else {
+			err = r.mount(fdPath(nullFD), p, "", unix.MS_BIND, "")
+		}
+		if err != nil {
+			return fmt.Errorf("mask %s: %w", p, err)
+		}
+	}
+	for _, p := range readonlyPaths {
+		fd, err := r.open(p, unix.O_PATH)
+		if errors.Is(err, unix.ENOENT) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		err = unix.Mount(fdPath(fd), fdPath(fd), "", unix.MS_BIND|unix.MS_REC, "")
+		unix.Close(fd)
+		if err == nil {
+			err = r.setAttr(p, unix.MOUNT_ATTR_RDONLY|unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV|unix.MOUNT_ATTR_NOEXEC)
+		}
+		if err != nil {
+			return fmt.Errorf("read-only %s: %w", p, err)
+		}
+	}
+	if !cfg.Write {
+		if err := unix.Mount("", root, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NODEV, ""); err != nil {
+			return fmt.Errorf("read-only root: %w", err)
+		}
+	}
+	if err := unix.Sethostname([]byte(cfg.ID)); err != nil {
+		return fmt.Errorf("hostname: %w", err)
+	}
+	if err := loopbackUp(); err != nil {
+		return err
+	}
+	// pivot_root(".", ".") stacks the old root on the new one; detaching
+	// it leaves only the sandbox's mounts, with no directory for the old
+	// root in the layer.
+	if err := unix.Fchdir(rfd); err != nil {
+		return err
+	}
+	if err := unix.PivotRoot(".", "."); err != nil {
+		return fmt.Errorf("pivot_root: %w", err)
+	}
+	if err := unix.Mount("", ".", "", unix.MS_SLAVE|unix.MS_REC, ""); err != nil {
+		return err
+	}
+	if err := unix.Unmount(".", unix.MNT_DETACH); err != nil {
+		return fmt.Errorf("detach the host root: %w", err)
+	}
+	return unix.Chdir("/")
+}
+
+// setupDev makes a minimal /dev: a tmpfs with the harmless character
+// devices, a private devpts, /dev/shm, and the fd symlinks.
+func setupDev(r *rootFS) error {
+	if err := r.mount("tmpfs", "dev", "tmpfs", unix.MS_NOSUID|unix.MS_NOEXEC, "mode=755,size=64k"); err != nil {
+		return err
+	}
+	dfd, err := r.open("dev", unix.O_RDONLY|unix.O_DIRECTORY)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(dfd)
+	for _, d := range []struct {
+		name         string
+		major, minor uint32
+	}{{"null", 1, 3}, {"zero", 1, 5}, {"full", 1, 7}, {"random", 1, 8}, {"urandom", 1, 9}, {"tty", 5, 0}} {
+		if err := unix.Mknodat(dfd, d.name, unix.S_IFCHR|0o666, int(unix.Mkdev(d.major, d.minor))); err != nil {
+			return fmt.Errorf("/dev/%s: %w", d.name, err)
+		}
+	}
+	for _, d := range []struct {
+		name string
+		mode uint32
+	}{{"pts", 0o755}, {"shm", 0o1777}} {
+		if err := unix.Mkdirat(dfd, d.name, d.mode); err != nil {
+			return fmt.Errorf("/dev/%s: %w", d.name, err)
+		}
+	}
+	for link, target := range map[string]string{
+		"ptmx": "pts/ptmx", "fd": "/proc/self/fd", "stdin": "/proc/self/fd/0",
+		"stdout": "/proc/self/fd/1", "stderr": "/proc/self/fd/2",
+	} {
+		if err := unix.Symlinkat(target, dfd, link); err != nil {
+			return fmt.Errorf("/dev/%s: %w", link, err)
+		}
+	}
+	if err := r.mount("devpts", "dev/pts", "devpts", unix.MS_NOSUID|unix.MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620"); err != nil {
+		return err
+	}
+	return r.mount("tmpfs", "dev/shm", "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=1777")
+}
+
+// loopbackUp brings lo up in the new network namespace, the only
+// interface it has.
+func loopbackUp() error {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("loopback: %w", err)
+	}
+	defer unix.Close(fd)
+	ifr, err := unix.NewIfreq("lo")
+	if err != nil {
+		return err
+	}
+	if err := unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr); err != nil {
+		return fmt.Errorf("loopback flags: %w", err)
+	}
+	ifr.SetUint16(ifr.Uint16() | unix.IFF_UP)
+	if err := unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr); err != nil {
+		return fmt.Errorf("loopback up: %w", err)
+	}
+	return nil
+}
+
+// server is the init's side of the control protocol.
+type server struct {
+	state *os.Root
+	spawn chan *spawnReq
+	wg    sync.WaitGroup // connection handlers
+
+	mu       sync.Mutex
+	procs    map[int]*proc
+	stopping bool
+}
+
+type proc struct {
+	main   bool
+	exited chan int // buffered: the reaper never blocks
+}
+
+type spawnReq struct {
+	path, dir string
+	argv, env []string
+	files     []uintptr
+	p         *proc
+	pid       int
+	err       error
+	done      chan struct{}
+}
+
+// forker owns the OS thread every command is forked from: it locks
+// itself to it, drops that thread to the sandbox's containment, then forks
+// on request. The thread is never unlocked, so it dies with its state
+// instead of returning to the Go scheduler.
+func (s *server) forker(ready chan<- error, contain func() error) {
+	runtime.LockOSThread()
+	if err := contain(); err != nil {
+		ready <- err
+		return
+	}
+	ready <- nil
+	for req := range s.spawn {
+		s.mu.Lock()
+		if s.stopping {
+			req.err = errors.New("the sandbox is stopping")
+		} else {
+			req.pid, req.err = syscall.ForkExec(req.path, req.argv, &syscall.ProcAttr{
+				Dir: req.dir, Env: req.env, Files: req.files,
+				Sys: &syscall.SysProcAttr{Setsid: true},
+			})
+			if req.err == nil {
+				s.procs[req.pid] = req.p
+			}
+		}
+		s.mu.Unlock()
+		close(req.done)
+	}
+}
+
+// lookPath finds file in the PATH of env, as a shell would.
+func lookPath(file string, env []string) (string, error) {
+	if strings.Contains(file, "/") {
+		return file, nil
+	}
+	pathVar := ""
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, "PATH="); ok {
+			pathVar = v
+		}
+	}
+	for _, d := range filepath.SplitList(pathVar) {
+		if d == "" {
+			d = "."
+		}
+		p := filepath.Join(d, file)
+		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0 {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("%q: executable file not found in $PATH", file)
+}
+
+func exitCode(ws unix.WaitStatus) int {
+	if ws.Signaled() {
+		return 128 + int(ws.Signal())
+	}
+	return ws.ExitStatus()
+}
+
+func (s *server) write(c *net.UnixConn, r reply) {
+	b, _ := json.Marshal(r)
+	_ = c.SetWriteDeadline(time.Now().Add(5 * time.Second))
+	_, _ = c.Write(b)
+}
+
+// handle serves one client: one exec, then signals, detach, and the exit.
+func (s *server) handle(c *net.UnixConn) {
+	defer s.wg.Done()
+	defer c.Close()
+	buf := make([]byte, 1<<20)
+	oob := make([]byte, unix.CmsgSpace(4*4))
+	// MSG_CMSG_CLOEXEC: a command forked meanwhile must not inherit
+	// another command's descriptors.
+	var n, oobn int
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return
+	}
+	var rerr error
+	err = rc.Read(func(fd uintptr) bool {
+		n, oobn, _, _, rerr = unix.Recvmsg(int(fd), buf, oob, unix.MSG_CMSG_CLOEXEC)
+		return rerr != unix.EAGAIN
+	})
+	if err != nil || rerr != nil {
+		return
+	}
+	var fds []int
+	if msgs, err := unix.ParseSocketControlMessage(oob[:oobn]); err == nil {
+		for _, m := range msgs {
+			if rights, err := unix.ParseUnixRights(&m); err == nil {
+				fds = append(fds, rights...)
+			}
+		}
+	}
+	closeFDs := func() {
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+		fds = nil
+	}
+	defer closeFDs()
+	var req request
+	if err := json.Unmarshal(buf[:n], &req); err != nil || req.Op != "exec" || len(req.Argv) == 0 || len(fds) != 3 {
+		s.write(c, reply{Error: "bad request: want an exec with argv and 3 descriptors"})
+		return
+	}
+	p := &proc{main: req.Main, exited: make(chan int, 1)}
+	dir := req.Dir
+	if dir == "" {
+		dir = "/"
+	}
+	exe, err := lookPath(req.Argv[0], req.Env)
+	if err != nil {
+		s.write(c, reply{Error: "exec: " + err.Error()})
+		return
+	}
+	sr := &spawnReq{path: exe, dir: dir, argv: req.Argv, env: req.Env, p: p, done: make(chan struct{})}
+	for _, fd := range fds {
+		sr.files = append(sr.files, uintptr(fd))
+	}
+	s.spawn <- sr
+	<-sr.done
+	closeFDs()
+	if sr.err != nil {
+		s.write(c, reply{Error: fmt.Sprintf("exec %q: %v", req.Argv[0], sr.err)})
+		if req.Main {
+			s.stop(127)
+		}
+		return
+	}
+	pid := sr.pid
+	s.write(c, reply{Pid: pid})
+
+	msgs := make(chan request)
+	go func() { // ends when c is closed
+		defer close(msgs)
+		b := make([]byte, 4096)
+		for {
+			n, err := c.Read(b)
+			if err != nil || n == 0 {
+				return
+			}
+			var r request
+			if json.Unmarshal(b[:n], &r) == nil {
+				msgs <- r
+			}
+		}
+	}()
+	detached := false
+	for {
+		select {
+		case code := <-p.exited:
+			if !detached {
+				s.write(c, reply{Exited: true, Code: code})
+			}
+			return
+		case r, ok := <-msgs:
+			if !ok {
+				if !detached {
+					_ = unix.Kill(-pid, unix.SIGKILL)
+				}
+				return
+			}
+			switch r.Op {
+			case "signal":
+				if r.Signal > 0 && r.Signal < 65 {
+					_ = unix.Kill(-pid, syscall.Signal(r.Signal))
+				}
+			case "detach":
+				detached = true
+			}
+		}
+	}
+}
+
+// reap collects every child (commands and the orphans they leave to pid
+// 1) and hands exit codes to their handlers.
+func (s *server) reap(sigchld <-chan os.Signal) {
+	for range sigchld {
+		for {
+			var ws unix.WaitStatus
+			pid, err := unix.Wait4(-1, &ws, unix.WNOHANG, nil)
+			if pid <= 0 || err != nil {
+				break
+			}
+			s.mu.Lock()
+			p := s.procs[pid]
+			delete(s.procs, pid)
+			s.mu.Unlock()
+			if p == nil {
+				continue
+			}
+			code := exitCode(ws)
+			if p.main {
+				s.stop(code)
+			}
+			p.exited <- code
+		}
+	}
+}
+
+// stop ends the sandbox when run's command has exited: every other
+// process is killed, stopped.json records the exit code, and the init
+// exits (its mount namespace, and every mount in it, go with it).
+func (s *server) stop(code int) {
+	s.mu.Lock()
+	s.stopping = true
+	s.mu.Unlock()
+	_ = unix.Kill(-1, unix.SIGKILL)
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		var ws unix.WaitStatus
+		pid, err := unix.Wait4(-1, &ws, unix.WNOHANG, nil)
+		if errors.Is(err, unix.ECHILD) {
+			break
+		}
+		if pid <= 0 {
+			time.Sleep(time.Millisecond)
+			continue
+		}
+		s.mu.Lock()
+		p := s.procs[pid]
+		delete(s.procs, pid)
+		s.mu.Unlock()
+		if p != nil {
+			p.exited <- exitCode(ws)
+		}
+	}
+	b, _ := json.Marshal(stopState{ExitCode: code, Time: time.Now().UTC()})
+	if err := s.state.WriteFile(stoppedFile+".tmp", b, 0o600); err == nil {
+		_ = s.state.Rename(stoppedFile+".tmp", stoppedFile)
+	}
+	go func() {
+		done := make(chan struct{})
+		go func() { s.wg.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(2 * time.Second):
+		}
+		os.Exit(0)
+	}()
+}

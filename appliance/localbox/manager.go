@@ -1,0 +1,474 @@
+package localbox
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sandgate/sandgate/snapshot"
+)
+
+// RunOptions configures Run.
+type RunOptions struct {
+	Config
+	// ImportTar, when set, is a layer (any compression the snapshot
+	// package reads) applied as the sandbox's upper before it starts.
+	ImportTar string
+	// Stdio connects run's command; nil files mean /dev/null.
+	Stdio Stdio
+}
+
+// startTimeout bounds how long the init may take to come up.
+const startTimeout = 30 * time.Second
+
+// Run creates the sandbox opts.ID and starts opts.Cmd in it. It returns
+// once the init is up and the command started; the sandbox outlives the
+// caller (call Detach on the Process to let go of the command, or Wait for
+// its exit code). When the command exits the sandbox stops.
+func (m *Manager) Run(ctx context.Context, opts RunOptions) (*Process, error) {
+	cfg := opts.Config
+	cfg.Created = time.Now().UTC()
+	if err := cfg.check(); err != nil {
+		return nil, err
+	}
+	fill := func(upper string) error {
+		if opts.ImportTar == "" {
+			return os.Mkdir(upper, 0o755)
+		}
+		f, err := os.Open(opts.ImportTar)
+		if err != nil {
+			return fmt.Errorf("%w: --import-tar: %v", ErrBadInput, err)
+		}
+		defer f.Close()
+		if _, err := snapshot.Unpack(ctx, f, upper, snapshot.ApplyOptions{Mode: snapshot.ModeUpper, Trusted: true}); err != nil {
+			return fmt.Errorf("--import-tar %s: %w", opts.ImportTar, err)
+		}
+		return nil
+	}
+	return m.create(ctx, &cfg, fill, opts.Stdio)
+}
+
+// ExecOptions configures Exec.
+type ExecOptions struct {
+	Cmd   []string
+	Env   []string // K=V, over the sandbox's own (run's -e)
+	Dir   string   // "" means run's working directory
+	Stdio Stdio
+}
+
+// Exec starts a command in the running sandbox id, in its namespaces,
+// root, cgroup and containment, connected to opts.Stdio as file
+// descriptors.
+func (m *Manager) Exec(ctx context.Context, id string, opts ExecOptions) (*Process, error) {
+	if err := CheckID(id); err != nil {
+		return nil, err
+	}
+	if len(opts.Cmd) == 0 || opts.Cmd[0] == "" {
+		return nil, fmt.Errorf("%w: no command: put it after --", ErrBadInput)
+	}
+	if err := checkEnv(opts.Env); err != nil {
+		return nil, err
+	}
+	if err := checkDir(opts.Dir); err != nil {
+		return nil, err
+	}
+	inf, cfg, _, err := m.info(id)
+	if err != nil {
+		return nil, err
+	}
+	if inf.State != Running {
+		return nil, fmt.Errorf("%w: %q is %s", ErrNotRunning, id, inf.State)
+	}
+	dir := opts.Dir
+	if dir == "" {
+		dir = cfg.Dir
+	}
+	return start(ctx, m.sandboxDir(id), request{Op: "exec", Argv: opts.Cmd, Env: mergeEnv(cfg.Env, opts.Env), Dir: dir}, opts.Stdio)
+}
+
+// Tar writes the sandbox's writable layer (its overlay upper) to w as a
+// snapshot layer and returns its manifest. /tmp and the mount points of
+// the sandbox are never in it. A running sandbox is frozen (cgroup
+// freezer, where there is one) while the layer is read.
+func (m *Manager) Tar(ctx context.Context, id string, w io.Writer, opts snapshot.PackOptions) (*snapshot.Manifest, error) {
+	if err := CheckID(id); err != nil {
+		return nil, err
+	}
+	inf, _, rs, err := m.info(id)
+	if err != nil {
+		return nil, err
+	}
+	if inf.State == Creating {
+		return nil, fmt.Errorf("%w: %q is being created", ErrBusy, id)
+	}
+	if inf.State == Running && rs != nil {
+		cg := &cgroups{dirs: rs.Cgroups, v2: rs.CgroupV2}
+		thaw, _, err := cg.freeze(ctx)
+		if err != nil {
+			return nil, err
+		}
+		defer thaw()
+	}
+	if opts.SandboxID == "" {
+		opts.SandboxID = id
+	}
+	return snapshot.Pack(ctx, filepath.Join(m.sandboxDir(id), upperDir), w, opts)
+}
+
+// Fork creates sandbox dst like src (same rootfs, mounts, environment,
+// limits and command) with a copy of src's upper, and starts it. src may
+// be running: it is frozen while its upper is copied.
+func (m *Manager) Fork(ctx context.Context, src, dst string, stdio Stdio) (*Process, error) {
+	if err := CheckID(src); err != nil {
+		return nil, err
+	}
+	if err := CheckID(dst); err != nil {
+		return nil, err
+	}
+	_, srcCfg, _, err := m.info(src)
+	if err != nil {
+		return nil, err
+	}
+	if srcCfg == nil {
+		return nil, fmt.Errorf("%w: %q has no configuration (its creation failed); delete it", ErrNotFound, src)
+	}
+	cfg := *srcCfg
+	cfg.ID = dst
+	cfg.Created = time.Now().UTC()
+	if err := cfg.check(); err != nil {
+		return nil, err
+	}
+	fill := func(upper string) error {
+		pr, pw := io.Pipe()
+		packed := make(chan error, 1)
+		go func() {
+			_, err := m.Tar(ctx, src, pw, snapshot.PackOptions{Compression: snapshot.None})
+			pw.CloseWithError(err)
+			packed <- err
+		}()
+		_, err := snapshot.Unpack(ctx, pr, upper, snapshot.ApplyOptions{Mode: snapshot.ModeUpper, Trusted: true})
+		pr.CloseWithError(errors.New("fork: copy ended"))
+		if perr := <-packed; perr != nil {
+			return fmt.Errorf("fork: read %q: %w", src, perr)
+		}
+		return err
+	}
+	return m.create(ctx, &cfg, fill, stdio)
+}
+
+// create makes the sandbox's directory, fills its upper, starts its init
+// and run's command. On failure it leaves nothing behind.
+func (m *Manager) create(ctx context.Context, cfg *Config, fill func(upper string) error, stdio Stdio) (_ *Process, err error) {
+	dir := m.sandboxDir(cfg.ID)
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		if errors.Is(err, fs.ErrExist) {
+			return nil, fmt.Errorf("%w: %q (delete it first, or pick another id)", ErrExists, cfg.ID)
+		}
+		return nil, err
+	}
+	lock, err := lockSandbox(dir)
+	if err != nil {
+		os.Remove(dir)
+		return nil, err
+	}
+	defer lock.Close()
+	var cg *cgroups
+	var initProc *os.Process
+	defer func() {
+		if err == nil {
+			return
+		}
+		if initProc != nil {
+			_ = initProc.Kill()
+		}
+		if cg != nil {
+			_ = cg.remove(context.WithoutCancel(ctx))
+		}
+		_ = os.RemoveAll(dir)
+	}()
+	if err := fill(filepath.Join(dir, upperDir)); err != nil {
+		return nil, err
+	}
+	for _, d := range []string{workDir, rootDir, scaffoldDir} {
+		if err := os.Mkdir(filepath.Join(dir, d), 0o700); err != nil {
+			return nil, err
+		}
+	}
+	if cg, err = newCgroups(cfg.ID, cfg.Memory, cfg.Pids); err != nil {
+		return nil, err
+	}
+	if err := writeJSON(filepath.Join(dir, configFile), cfg); err != nil {
+		return nil, err
+	}
+	rs := runState{Cgroups: cg.dirs, CgroupV2: cg.v2}
+	if err := writeJSON(filepath.Join(dir, stateFile), &rs); err != nil {
+		return nil, err
+	}
+	lnFile, err := listen(dir)
+	if err != nil {
+		return nil, err
+	}
+	defer lnFile.Close()
+	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	child := os.NewFile(uintptr(pair[1]), "sync")
+	parent := os.NewFile(uintptr(pair[0]), "sync")
+	syncConn, err := net.FileConn(parent)
+	parent.Close() // FileConn dup'ed it
+	if err != nil {
+		child.Close()
+		return nil, err
+	}
+	defer syncConn.Close()
+	logf, err := os.OpenFile(filepath.Join(dir, logFile), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		child.Close()
+		return nil, err
+	}
+	defer logf.Close()
+	cmd := &exec.Cmd{
+		Path:       m.exe,
+		Args:       []string{"sandgate-sandbox-init", cfg.ID},
+		Env:        []string{initEnv + "=1", dirEnv + "=" + dir},
+		Stdout:     logf,
+		Stderr:     logf,
+		ExtraFiles: []*os.File{child, lnFile},
+		SysProcAttr: &syscall.SysProcAttr{
+			Cloneflags: unix.CLONE_NEWNS | unix.CLONE_NEWPID | unix.CLONE_NEWNET | unix.CLONE_NEWUTS | unix.CLONE_NEWIPC,
+			Setsid:     true,
+		},
+	}
+	err = cmd.Start()
+	child.Close()
+	if err != nil {
+		return nil, fmt.Errorf("start the sandbox's init: %w", err)
+	}
+	initProc = cmd.Process
+	go cmd.Wait() // reaps the init if it dies while this process lives; ends with it
+	if err := cg.add(cmd.Process.Pid); err != nil {
+		return nil, err
+	}
+	ctx2, cancel := context.WithTimeout(ctx, startTimeout)
+	defer cancel()
+	if dl, ok := ctx2.Deadline(); ok {
+		syncConn.SetDeadline(dl)
+	}
+	if _, err := syncConn.Write([]byte("go")); err != nil {
+		return nil, fmt.Errorf("start the sandbox's init: %w", err)
+	}
+	buf := make([]byte, 4096)
+	n, err := syncConn.Read(buf)
+	if err != nil {
+		return nil, fmt.Errorf("the sandbox's init did not come up: %v (see %s)", err, filepath.Join(dir, logFile))
+	}
+	if msg := string(buf[:n]); msg != "ok" {
+		return nil, fmt.Errorf("the sandbox's init failed: %s", strings.TrimPrefix(msg, "error: "))
+	}
+	st, _, err := procStartTime(cmd.Process.Pid)
+	if err != nil {
+		return nil, err
+	}
+	rs.Pid, rs.StartTime = cmd.Process.Pid, st
+	if err := writeJSON(filepath.Join(dir, stateFile), &rs); err != nil {
+		return nil, err
+	}
+	p, err := start(ctx, dir, request{Op: "exec", Argv: cfg.Cmd, Env: mergeEnv(cfg.Env, nil), Dir: cfg.Dir, Main: true}, stdio)
+	if err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// listen binds the sandbox's control socket and returns it as a file for
+// the init.
+func listen(dir string) (*os.File, error) {
+	addr, done, err := sockAddr(dir)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: addr, Net: "unixpacket"})
+	if err != nil {
+		return nil, fmt.Errorf("control socket: %w", err)
+	}
+	ln.SetUnlinkOnClose(false)
+	defer ln.Close()
+	return ln.File()
+}
+
+// buildScaffold makes the scaffold layer: the mount points (/proc, /dev,
+// /sys, /tmp and every bind destination) as a lower layer above the
+// rootfs, so that they exist in any rootfs without ever being written
+// into the upper, and so into a layer. Directories it adds copy the
+// rootfs's mode and owner where the rootfs has them. The init builds it on
+// a tmpfs of its own mount namespace: overlayfs refuses a lower layer
+// inside another one, and the rootfs (/) holds the state directory.
+func buildScaffold(dir string, cfg *Config) error {
+	s := filepath.Join(dir, scaffoldDir)
+	mkdir := func(rel string) error {
+		cur := s
+		if err := os.MkdirAll(cur, 0o755); err != nil {
+			return err
+		}
+		for _, part := range strings.Split(strings.Trim(rel, "/"), "/") {
+			cur = filepath.Join(cur, part)
+			relPath := strings.TrimPrefix(cur, s)
+			if err := os.Mkdir(cur, 0o755); err != nil {
+				if errors.Is(err, fs.ErrExist) {
+					continue
+				}
+				return err
+			}
+			if fi, err := os.Lstat(filepath.Join(cfg.Rootfs, relPath)); err == nil && fi.IsDir() {
+				st := fi.Sys().(*syscall.Stat_t)
+				_ = os.Chmod(cur, fi.Mode().Perm()|fi.Mode()&(fs.ModeSticky|fs.ModeSetgid))
+				_ = os.Lchown(cur, int(st.Uid), int(st.Gid))
+			}
+		}
+		return nil
+	}
+	for _, d := range []string{"proc", "dev", "sys", "tmp"} {
+		if err := mkdir(d); err != nil {
+			return err
+		}
+	}
+	for _, mt := range cfg.Mounts {
+		fi, err := os.Stat(mt.Source)
+		if err != nil {
+			return fmt.Errorf("%w: mount source: %v", ErrBadInput, err)
+		}
+		if fi.IsDir() {
+			if err := mkdir(mt.Destination); err != nil {
+				return err
+			}
+			continue
+		}
+		if err := mkdir(filepath.Dir(mt.Destination)); err != nil {
+			return err
+		}
+		f, err := os.OpenFile(filepath.Join(s, mt.Destination), os.O_CREATE|os.O_WRONLY, 0o644)
+		if err != nil {
+			return fmt.Errorf("mount destination %s: %w", mt.Destination, err)
+		}
+		f.Close()
+	}
+	return nil
+}
+
+// Delete stops the sandbox id (every process of it), removes its cgroups
+// and its directory. Without force it refuses a running sandbox. With
+// force it always cleans, whatever state a crash left.
+func (m *Manager) Delete(ctx context.Context, id string, force bool) error {
+	if err := CheckID(id); err != nil {
+		return err
+	}
+	dir := m.sandboxDir(id)
+	if _, err := os.Stat(dir); err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("%w: %q", ErrNotFound, id)
+		}
+		return err
+	}
+	lock, err := lockSandbox(dir)
+	if err != nil {
+		if errors.Is(err, ErrNotFound) {
+			return fmt.Errorf("%w: %q", ErrNotFound, id)
+		}
+		if !force {
+			return err
+		}
+		// A lock file the state directory lost, or a stuck creator: force
+		// goes on without it.
+	} else {
+		defer lock.Close()
+	}
+	var rs runState
+	_ = readJSON(filepath.Join(dir, stateFile), &rs)
+	_, statErr := os.Stat(filepath.Join(dir, stoppedFile))
+	if rs.alive() {
+		if statErr != nil && !force {
+			return fmt.Errorf("%w: %q (delete --force stops it)", ErrRunning, id)
+		}
+		if err := killInit(ctx, &rs); err != nil {
+			return err
+		}
+	}
+	var errs []error
+	cg := &cgroups{dirs: rs.Cgroups, v2: rs.CgroupV2}
+	if err := cg.remove(ctx); err != nil {
+		errs = append(errs, err)
+	}
+	if err := unmountUnder(dir); err != nil {
+		errs = append(errs, err)
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// killInit kills a sandbox's init, which takes every process of its pid
+// namespace with it, and waits until it is gone.
+func killInit(ctx context.Context, rs *runState) error {
+	pfd, err := unix.PidfdOpen(rs.Pid, 0)
+	if err == nil {
+		defer unix.Close(pfd)
+		if rs.alive() { // still ours after the pidfd pinned it
+			if err := unix.PidfdSendSignal(pfd, unix.SIGKILL, nil, 0); err != nil && !errors.Is(err, unix.ESRCH) {
+				return fmt.Errorf("kill the sandbox's init: %w", err)
+			}
+		}
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	for delay := 100 * time.Microsecond; rs.alive(); delay = min(2*delay, 20*time.Millisecond) {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("the sandbox's init (pid %d) did not die: %w", rs.Pid, context.Cause(ctx))
+		case <-time.After(delay):
+		}
+	}
+	return nil
+}
+
+// unmountUnder detaches any mount left under dir in this mount namespace.
+// Sandboxes mount only in their own namespace, so this finds nothing
+// unless someone mounted there by hand.
+func unmountUnder(dir string) error {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	var points []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) > 4 {
+			if p := unescapeMount(fields[4]); strings.HasPrefix(p, dir+"/") {
+				points = append(points, p)
+			}
+		}
+	}
+	var errs []error
+	for i := len(points) - 1; i >= 0; i-- {
+		if err := unix.Unmount(points[i], unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+			errs = append(errs, fmt.Errorf("unmount %s: %w", points[i], err))
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,246 @@
+package localbox
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Errors callers branch on with errors.Is.
+var (
+	// ErrBadInput marks a caller's mistake (a bad id, mount, size or
+	// option); nothing was changed.
+	ErrBadInput = errors.New("bad input")
+	// ErrNotFound: no sandbox has that id in the state directory.
+	ErrNotFound = errors.New("no such sandbox")
+	// ErrExists: run or fork named an id that is already taken.
+	ErrExists = errors.New("sandbox already exists")
+	// ErrNotRunning: exec into a sandbox whose init is gone (stopped or
+	// crashed).
+	ErrNotRunning = errors.New("sandbox is not running")
+	// ErrRunning: delete without force of a sandbox that still runs.
+	ErrRunning = errors.New("sandbox is running")
+	// ErrBusy: another sandgate process is creating or deleting the sandbox.
+	ErrBusy = errors.New("sandbox is busy")
+)
+
+// MaxIDLength bounds ids: an id becomes the sandbox's host name, which the
+// kernel limits to 64 bytes.
+const MaxIDLength = 63
+
+var idPattern = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9-]*$`)
+
+// CheckID reports whether id is a valid sandbox id: it must match
+// ^[a-zA-Z0-9][a-zA-Z0-9-]*$ (Cloud Run's rule) and be at most 63 bytes.
+func CheckID(id string) error {
+	if !idPattern.MatchString(id) || len(id) > MaxIDLength {
+		return fmt.Errorf("%w: sandbox id %q must match ^[a-zA-Z0-9][a-zA-Z0-9-]*$ and be at most %d characters", ErrBadInput, id, MaxIDLength)
+	}
+	return nil
+}
+
+// Mount is a bind mount of a host path into the sandbox.
+type Mount struct {
+	Source      string `json:"source"`      // host path (file or directory)
+	Destination string `json:"destination"` // absolute path inside the sandbox
+	ReadOnly    bool   `json:"readonly,omitempty"`
+}
+
+// ParseMount parses Cloud Run's mount syntax,
+// "type=bind,source=S,destination=D[,readonly]" (also src=, dst=, target=,
+// ro, readonly=true|false). Only bind mounts exist.
+func ParseMount(s string) (Mount, error) {
+	var m Mount
+	typ := ""
+	for _, kv := range strings.Split(s, ",") {
+		k, v, hasValue := strings.Cut(kv, "=")
+		switch strings.ToLower(strings.TrimSpace(k)) {
+		case "type":
+			typ = v
+		case "source", "src":
+			m.Source = v
+		case "destination", "dst", "target":
+			m.Destination = v
+		case "readonly", "ro":
+			if !hasValue {
+				m.ReadOnly = true
+				continue
+			}
+			b, err := strconv.ParseBool(v)
+			if err != nil {
+				return Mount{}, fmt.Errorf("%w: mount %q: readonly=%q: want true or false", ErrBadInput, s, v)
+			}
+			m.ReadOnly = b
+		default:
+			return Mount{}, fmt.Errorf("%w: mount %q: unknown key %q (want type, source, destination, readonly)", ErrBadInput, s, k)
+		}
+	}
+	if typ != "bind" {
+		return Mount{}, fmt.Errorf("%w: mount %q: want type=bind", ErrBadInput, s)
+	}
+	if err := m.check(); err != nil {
+		return Mount{}, err
+	}
+	return m, nil
+}
+
+func (m Mount) check() error {
+	if !filepath.IsAbs(m.Source) {
+		return fmt.Errorf("%w: mount source %q must be an absolute host path", ErrBadInput, m.Source)
+	}
+	d := m.Destination
+	if !path.IsAbs(d) || path.Clean(d) != d || d == "/" {
+		return fmt.Errorf("%w: mount destination %q must be a clean absolute path other than /", ErrBadInput, d)
+	}
+	for _, reserved := range []string{"/proc", "/dev", "/sys"} {
+		if d == reserved || strings.HasPrefix(d, reserved+"/") {
+			return fmt.Errorf("%w: mount destination %q: %s is the sandbox's own", ErrBadInput, d, reserved)
+		}
+	}
+	return nil
+}
+
+// ParseSize parses a byte count: a plain number of bytes or one with a
+// suffix k, m, g, t (powers of 1024; "KiB", "MB", "G" all accepted).
+func ParseSize(s string) (int64, error) {
+	t := strings.ToLower(strings.TrimSpace(s))
+	t = strings.TrimSuffix(strings.TrimSuffix(t, "b"), "i")
+	mult := int64(1)
+	if n := len(t); n > 0 {
+		switch t[n-1] {
+		case 'k':
+			mult = 1 << 10
+		case 'm':
+			mult = 1 << 20
+		case 'g':
+			mult = 1 << 30
+		case 't':
+			mult = 1 << 40
+		}
+		if mult > 1 {
+			t = t[:n-1]
+		}
+	}
+	v, err := strconv.ParseInt(t, 10, 64)
+	if err != nil || v <= 0 || v > (1<<62)/mult {
+		return 0, fmt.Errorf("%w: size %q: want a positive number of bytes, optionally with k, m, g or t", ErrBadInput, s)
+	}
+	return v * mult, nil
+}
+
+// Config is what a sandbox is made of. It is saved as config.json when the
+// sandbox is created, so that fork can make another one like it.
+type Config struct {
+	ID string `json:"id"`
+	// Rootfs is the host directory seen read-only under the sandbox's
+	// upper; "" means "/".
+	Rootfs string `json:"rootfs"`
+	// Write makes the root writable (into the upper); without it only
+	// /tmp (a tmpfs) and read-write mounts can be written.
+	Write  bool     `json:"write,omitempty"`
+	Env    []string `json:"env,omitempty"` // K=V, for run's CMD and every exec
+	Dir    string   `json:"dir,omitempty"` // working directory; "" means /
+	Mounts []Mount  `json:"mounts,omitempty"`
+	// Memory and Pids are cgroup limits; 0 means none.
+	Memory int64 `json:"memory,omitempty"`
+	Pids   int64 `json:"pids,omitempty"`
+	// Cmd is run's command; when it exits the sandbox stops.
+	Cmd     []string  `json:"cmd"`
+	Created time.Time `json:"created"`
+}
+
+// defaultPath is the PATH a command gets when its environment has none.
+const defaultPath = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+func (c *Config) check() error {
+	if err := CheckID(c.ID); err != nil {
+		return err
+	}
+	if c.Rootfs == "" {
+		c.Rootfs = "/"
+	}
+	if !filepath.IsAbs(c.Rootfs) {
+		return fmt.Errorf("%w: rootfs %q must be an absolute path", ErrBadInput, c.Rootfs)
+	}
+	if fi, err := os.Stat(c.Rootfs); err != nil || !fi.IsDir() {
+		return fmt.Errorf("%w: rootfs %q must be an existing directory", ErrBadInput, c.Rootfs)
+	}
+	if len(c.Cmd) == 0 || c.Cmd[0] == "" {
+		return fmt.Errorf("%w: no command: put it after --", ErrBadInput)
+	}
+	if err := checkEnv(c.Env); err != nil {
+		return err
+	}
+	if err := checkDir(c.Dir); err != nil {
+		return err
+	}
+	seen := map[string]bool{}
+	for _, m := range c.Mounts {
+		if err := m.check(); err != nil {
+			return err
+		}
+		if seen[m.Destination] {
+			return fmt.Errorf("%w: two mounts on %q", ErrBadInput, m.Destination)
+		}
+		seen[m.Destination] = true
+		if _, err := os.Stat(m.Source); err != nil {
+			return fmt.Errorf("%w: mount source: %v", ErrBadInput, err)
+		}
+	}
+	if c.Memory < 0 || c.Pids < 0 {
+		return fmt.Errorf("%w: memory and pids limits must not be negative", ErrBadInput)
+	}
+	return nil
+}
+
+func checkEnv(env []string) error {
+	for _, kv := range env {
+		k, _, ok := strings.Cut(kv, "=")
+		if !ok || k == "" || strings.ContainsRune(kv, 0) {
+			return fmt.Errorf("%w: environment entry %q: want KEY=VALUE", ErrBadInput, kv)
+		}
+	}
+	return nil
+}
+
+func checkDir(dir string) error {
+	if dir != "" && !path.IsAbs(dir) {
+		return fmt.Errorf("%w: working directory %q must be an absolute path inside the sandbox", ErrBadInput, dir)
+	}
+	return nil
+}
+
+// mergeEnv returns base overridden by over (later keys win), with PATH and
+// HOME defaults when neither sets them.
+func mergeEnv(base, over []string) []string {
+	var out []string
+	idx := map[string]int{}
+	add := func(kv string) {
+		k, _, _ := strings.Cut(kv, "=")
+		if i, ok := idx[k]; ok {
+			out[i] = kv
+			return
+		}
+		idx[k] = len(out)
+		out = append(out, kv)
+	}
+	for _, kv := range base {
+		add(kv)
+	}
+	for _, kv := range over {
+		add(kv)
+	}
+	if _, ok := idx["PATH"]; !ok {
+		add(defaultPath)
+	}
+	if _, ok := idx["HOME"]; !ok {
+		add("HOME=/root")
+	}
+	return out
+}

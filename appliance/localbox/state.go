@@ -1,0 +1,259 @@
+package localbox
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// DefaultStateDir is where sandboxes live unless told otherwise
+// (--state-dir, SANDGATE_STATE_DIR).
+const DefaultStateDir = "/var/lib/sandgate/sandboxes"
+
+// Files and directories of a sandbox's state directory.
+const (
+	configFile  = "config.json"
+	stateFile   = "state.json"
+	stoppedFile = "stopped.json"
+	lockFile    = "lock"
+	sockFile    = "ctl.sock"
+	logFile     = "init.log"
+	upperDir    = "upper"
+	workDir     = "work"
+	scaffoldDir = "scaffold"
+	rootDir     = "root"
+)
+
+// State is what List reports for a sandbox.
+type State string
+
+// The states of a sandbox.
+const (
+	// Creating: a run or fork is still setting it up (or a delete is
+	// removing it).
+	Creating State = "creating"
+	// Running: its init is alive; exec works.
+	Running State = "running"
+	// Stopped: run's command exited, and with it every process; the
+	// upper is still there for tar until delete.
+	Stopped State = "stopped"
+	// Crashed: its init died without stopping cleanly (killed, or the
+	// host went down); delete cleans it.
+	Crashed State = "crashed"
+)
+
+// Info describes one sandbox.
+type Info struct {
+	ID      string    `json:"id"`
+	State   State     `json:"state"`
+	Pid     int       `json:"pid,omitempty"` // host pid of its init while running
+	Created time.Time `json:"created"`
+	// ExitCode is run's command's exit code once Stopped (128+signal for a
+	// signal).
+	ExitCode *int `json:"exitCode,omitempty"`
+}
+
+// runState is state.json: written by the creating process once the init
+// is up.
+type runState struct {
+	Pid       int      `json:"pid"`
+	StartTime uint64   `json:"startTime"` // /proc/<pid>/stat field 22, against pid reuse
+	Cgroups   []string `json:"cgroups,omitempty"`
+	CgroupV2  bool     `json:"cgroupV2,omitempty"`
+}
+
+// stopState is stopped.json: written by the init as it stops.
+type stopState struct {
+	ExitCode int       `json:"exitCode"`
+	Time     time.Time `json:"time"`
+}
+
+// Manager runs sandboxes whose state lives under one directory. Its zero
+// value is not usable; call New.
+type Manager struct {
+	dir string
+	exe string
+}
+
+// New returns a Manager for the sandboxes under stateDir ("" means
+// DefaultStateDir), creating the directory (mode 0700: it holds every
+// sandbox's files and control socket) if needed.
+func New(stateDir string) (*Manager, error) {
+	if stateDir == "" {
+		stateDir = DefaultStateDir
+	}
+	abs, err := filepath.Abs(stateDir)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(abs, 0o700); err != nil {
+		return nil, fmt.Errorf("state directory: %w (set --state-dir or SANDGATE_STATE_DIR to a writable place)", err)
+	}
+	if real, err := filepath.EvalSymlinks(abs); err == nil {
+		abs = real
+	}
+	return &Manager{dir: abs, exe: "/proc/self/exe"}, nil
+}
+
+// StateDir returns the directory the Manager keeps its sandboxes in.
+func (m *Manager) StateDir() string { return m.dir }
+
+func (m *Manager) sandboxDir(id string) string { return filepath.Join(m.dir, id) }
+
+func writeJSON(name string, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp := name + ".tmp"
+	if err := os.WriteFile(tmp, append(b, '\n'), 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, name)
+}
+
+func readJSON(name string, v any) error {
+	b, err := os.ReadFile(name)
+	if err != nil {
+		return err
+	}
+	return json.Unmarshal(b, v)
+}
+
+// lockSandbox takes the sandbox's lock without waiting: creation and
+// deletion hold it, so they never run at once on one sandbox.
+func lockSandbox(dir string) (*os.File, error) {
+	f, err := os.OpenFile(filepath.Join(dir, lockFile), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, ErrNotFound
+		}
+		return nil, err
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, fmt.Errorf("%w: another sandgate process is creating or deleting it; retry when it is done", ErrBusy)
+		}
+		return nil, err
+	}
+	return f, nil
+}
+
+// procStartTime returns field 22 of /proc/pid/stat and whether the process
+// is a zombie (dead but not reaped: as good as gone).
+func procStartTime(pid int) (uint64, bool, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, false, err
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0, false, fmt.Errorf("/proc/%d/stat: unexpected format", pid)
+	}
+	fields := strings.Fields(s[i+1:])
+	if len(fields) < 20 {
+		return 0, false, fmt.Errorf("/proc/%d/stat: unexpected format", pid)
+	}
+	st, err := strconv.ParseUint(fields[19], 10, 64)
+	return st, fields[0] == "Z" || fields[0] == "X", err
+}
+
+// alive reports whether rs's init still runs (same pid, same start time).
+func (rs *runState) alive() bool {
+	if rs.Pid <= 0 {
+		return false
+	}
+	st, zombie, err := procStartTime(rs.Pid)
+	return err == nil && !zombie && st == rs.StartTime
+}
+
+// info reads a sandbox's state from its directory.
+func (m *Manager) info(id string) (Info, *Config, *runState, error) {
+	dir := m.sandboxDir(id)
+	var cfg Config
+	if err := readJSON(filepath.Join(dir, configFile), &cfg); err != nil {
+		if _, serr := os.Stat(dir); errors.Is(serr, fs.ErrNotExist) {
+			return Info{}, nil, nil, fmt.Errorf("%w: %q (see 'sandgate sandbox list')", ErrNotFound, id)
+		}
+		// A directory without its config: creation died before writing it.
+		inf := Info{ID: id, State: Crashed}
+		if st, err := os.Stat(dir); err == nil {
+			inf.Created = st.ModTime().UTC()
+		}
+		if f, err := lockSandbox(dir); err != nil {
+			if errors.Is(err, ErrBusy) {
+				inf.State = Creating
+			}
+		} else {
+			f.Close()
+		}
+		return inf, nil, nil, nil
+	}
+	inf := Info{ID: id, Created: cfg.Created}
+	var rs runState
+	_ = readJSON(filepath.Join(dir, stateFile), &rs)
+	var ss stopState
+	switch {
+	case readJSON(filepath.Join(dir, stoppedFile), &ss) == nil:
+		inf.State = Stopped
+		code := ss.ExitCode
+		inf.ExitCode = &code
+	case rs.alive():
+		inf.State = Running
+		inf.Pid = rs.Pid
+	default:
+		inf.State = Crashed
+		if f, err := lockSandbox(dir); err != nil {
+			if errors.Is(err, ErrBusy) {
+				inf.State = Creating
+			}
+		} else {
+			f.Close()
+		}
+	}
+	return inf, &cfg, &rs, nil
+}
+
+// Inspect returns what List would say of one sandbox.
+func (m *Manager) Inspect(id string) (Info, error) {
+	if err := CheckID(id); err != nil {
+		return Info{}, err
+	}
+	inf, _, _, err := m.info(id)
+	return inf, err
+}
+
+// List returns every sandbox under the state directory, by id.
+func (m *Manager) List() ([]Info, error) {
+	ents, err := os.ReadDir(m.dir)
+	if err != nil {
+		return nil, err
+	}
+	var out []Info
+	for _, e := range ents {
+		if !e.IsDir() || CheckID(e.Name()) != nil {
+			continue
+		}
+		inf, _, _, err := m.info(e.Name())
+		if err != nil {
+			if errors.Is(err, ErrNotFound) { // deleted meanwhile
+				continue
+			}
+			return nil, err
+		}
+		out = append(out, inf)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out, nil
+}

@@ -1,0 +1,443 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/sandgate/sandgate/appliance/localbox"
+	"github.com/sandgate/sandgate/snapshot"
+)
+
+// sandboxCommand builds `sandgate sandbox run|exec|tar|fork|delete|list`,
+// the local sandbox CLI with the verbs of Cloud Run's `sandbox`.
+func sandboxCommand() *cli.Command {
+	runFlags := []cli.Flag{
+		&cli.BoolFlag{Name: "detach", Aliases: []string{"d"}, Usage: "return once the command started; the sandbox runs on"},
+		&cli.BoolFlag{Name: "write", Usage: "make the root writable (into the sandbox's own layer)"},
+		&cli.StringFlag{Name: "import-tar", Usage: "layer `FILE` (tar, zstd or gzip) to start the writable layer from"},
+		&cli.GenericFlag{Name: "env", Aliases: []string{"e"}, Value: &repeated{}, Usage: "`K=V` for the command (repeatable)"},
+		&cli.StringFlag{Name: "workdir", Aliases: []string{"w"}, Usage: "working `DIR` inside the sandbox"},
+		&cli.StringFlag{Name: "rootfs", Value: "/", Usage: "host `DIR` seen read-only as the sandbox's root"},
+		&cli.GenericFlag{Name: "mount", Value: &repeated{}, Usage: "type=bind,source=S,destination=D[,readonly] (repeatable)"},
+		&cli.BoolFlag{Name: "stdin", Value: true, Usage: "connect stdin (without --detach)"},
+		&cli.BoolFlag{Name: "stdout", Value: true, Usage: "connect stdout (without --detach)"},
+		&cli.BoolFlag{Name: "stderr", Value: true, Usage: "connect stderr (without --detach)"},
+		&cli.StringFlag{Name: "memory", Usage: "memory limit: `BYTES` or a size like 512m, 2g (cgroup)"},
+		&cli.Int64Flag{Name: "pids", Usage: "process limit `N` (cgroup)"},
+	}
+	return &cli.Command{
+		Name:  "sandbox",
+		Usage: "run isolated sandboxes on this Linux host (the verbs of Cloud Run's sandbox CLI)",
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "state-dir", Value: localbox.DefaultStateDir, EnvVars: []string{"SANDGATE_STATE_DIR"}, Usage: "where sandboxes keep their state"},
+		},
+		Subcommands: []*cli.Command{{
+			Name:      "run",
+			Usage:     "create sandbox ID and run CMD in it",
+			ArgsUsage: "ID [flags] -- CMD...",
+			Description: `Without --detach, stdio is connected and sandgate exits with CMD's exit code
+(128+signal for a signal). With --detach it returns once CMD started; the
+sandbox runs until CMD exits (then it is "stopped") or it is deleted.`,
+			Flags:        runFlags,
+			OnUsageError: usageError,
+			Action:       runSandboxRun,
+		}, {
+			Name:      "exec",
+			Usage:     "run CMD in the running sandbox ID",
+			ArgsUsage: "ID [flags] -- CMD...",
+			Flags: []cli.Flag{
+				&cli.GenericFlag{Name: "env", Aliases: []string{"e"}, Value: &repeated{}, Usage: "`K=V` for the command (repeatable)"},
+				&cli.StringFlag{Name: "workdir", Aliases: []string{"w"}, Usage: "working `DIR` inside the sandbox"},
+			},
+			OnUsageError: usageError,
+			Action:       runSandboxExec,
+		}, {
+			Name:      "tar",
+			Usage:     "write sandbox ID's writable layer to --file",
+			ArgsUsage: "ID --file=F",
+			Flags: []cli.Flag{
+				&cli.StringFlag{Name: "file", Aliases: []string{"f"}, Usage: "layer `FILE` to write"},
+				&cli.StringFlag{Name: "compression", Value: "none", Usage: "none, zstd or gzip"},
+			},
+			OnUsageError: usageError,
+			Action:       runSandboxTar,
+		}, {
+			Name:         "fork",
+			Usage:        "create sandbox DST from SRC (a copy of its writable layer) and run SRC's command in it",
+			ArgsUsage:    "SRC DST [--detach]",
+			Flags:        []cli.Flag{&cli.BoolFlag{Name: "detach", Aliases: []string{"d"}, Usage: "return once the command started"}},
+			OnUsageError: usageError,
+			Action:       runSandboxFork,
+		}, {
+			Name:         "delete",
+			Usage:        "stop sandbox ID and remove everything of it",
+			ArgsUsage:    "ID [--force]",
+			Flags:        []cli.Flag{&cli.BoolFlag{Name: "force", Aliases: []string{"f"}, Usage: "also stop a running sandbox, and clean whatever a crash left"}},
+			OnUsageError: usageError,
+			Action:       runSandboxDelete,
+		}, {
+			Name:         "list",
+			Usage:        "list sandboxes: id, state, pid, created",
+			Flags:        []cli.Flag{&cli.BoolFlag{Name: "json", Usage: "print JSON"}},
+			OnUsageError: usageError,
+			Action:       runSandboxList,
+		}},
+	}
+}
+
+// repeated is a repeatable flag whose values are kept whole: urfave/cli's
+// string slices split at commas, which mount specs and environment values
+// contain.
+type repeated []string
+
+func (r *repeated) Set(v string) error { *r = append(*r, v); return nil }
+func (r *repeated) String() string     { return strings.Join(*r, " ") }
+
+func values(c *cli.Context, name string) []string {
+	if r, ok := c.Generic(name).(*repeated); ok {
+		return *r
+	}
+	return nil
+}
+
+// sandboxArgs applies flags written anywhere before "--" or before the
+// command, and returns the nPos positional arguments and the command: with
+// nPos positionals collected, the next argument starts the command even
+// without "--".
+func sandboxArgs(c *cli.Context, nPos int) (pos, cmd []string, err error) {
+	args := c.Args().Slice()
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if a == "--" {
+			return pos, args[i+1:], nil
+		}
+		if !strings.HasPrefix(a, "-") || a == "-" {
+			if len(pos) == nPos {
+				return pos, args[i:], nil
+			}
+			pos = append(pos, a)
+			continue
+		}
+		name, value, hasValue := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		var flag cli.Flag
+		for _, f := range c.Command.Flags {
+			if slices.Contains(f.Names(), name) {
+				flag = f
+			}
+		}
+		if flag == nil {
+			return nil, nil, badInput("flag provided but not defined: %s (put the command after --; see '%s --help')", a, c.Command.HelpName)
+		}
+		if _, isBool := flag.(*cli.BoolFlag); isBool && !hasValue {
+			value, hasValue = "true", true
+		}
+		if !hasValue {
+			if i+1 >= len(args) {
+				return nil, nil, badInput("flag needs an argument: %s", a)
+			}
+			i++
+			value = args[i]
+		}
+		if err := c.Set(name, value); err != nil {
+			return nil, nil, badInput("%s: %v", a, err)
+		}
+	}
+	return pos, nil, nil
+}
+
+func sandboxManager(c *cli.Context) (*localbox.Manager, error) {
+	return localbox.New(c.String("state-dir"))
+}
+
+// sandboxErr turns the package's input errors into exit 2.
+func sandboxErr(err error) error {
+	if errors.Is(err, localbox.ErrBadInput) {
+		return &exitError{code: exitBadInput, err: err}
+	}
+	return err
+}
+
+// stdioFiles connects the CLI's streams to a command as files: the
+// process's own descriptors when the writers are files (so bytes never
+// pass through sandgate), otherwise pipes copied into the writers (tests
+// that run the CLI in-process). wait flushes those copies.
+func stdioFiles(c *cli.Context, in, out, errOut bool) (localbox.Stdio, func(), error) {
+	var s localbox.Stdio
+	var waits []chan struct{}
+	var closers []*os.File
+	if in {
+		s.Stdin = os.Stdin
+	}
+	set := func(w io.Writer, dst **os.File) error {
+		if f, ok := w.(*os.File); ok {
+			*dst = f
+			return nil
+		}
+		r, pw, err := os.Pipe()
+		if err != nil {
+			return err
+		}
+		done := make(chan struct{})
+		go func() { // ends at EOF: when the command and this process close pw
+			defer close(done)
+			io.Copy(w, r)
+			r.Close()
+		}()
+		*dst = pw
+		waits = append(waits, done)
+		closers = append(closers, pw)
+		return nil
+	}
+	if out {
+		if err := set(c.App.Writer, &s.Stdout); err != nil {
+			return s, nil, err
+		}
+	}
+	if errOut {
+		if err := set(c.App.ErrWriter, &s.Stderr); err != nil {
+			return s, nil, err
+		}
+	}
+	wait := func() {
+		for _, f := range closers {
+			f.Close()
+		}
+		for _, d := range waits {
+			select {
+			case <-d:
+			case <-time.After(10 * time.Second): // a detached grandchild may hold the pipe
+			}
+		}
+	}
+	return s, wait, nil
+}
+
+// follow waits for p and turns its exit code into the CLI's, passing an
+// interrupt of the CLI on to the command.
+func follow(c *cli.Context, p *localbox.Process, wait func()) error {
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		select {
+		case <-c.Context.Done():
+			_ = p.Signal(syscall.SIGTERM)
+		case <-stop:
+		}
+	}()
+	code, err := p.Wait()
+	wait()
+	if err != nil {
+		return err
+	}
+	if code != 0 {
+		return &exitError{code: code}
+	}
+	return nil
+}
+
+func runSandboxRun(c *cli.Context) error {
+	pos, cmd, err := sandboxArgs(c, 1)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 {
+		return badInput("sandbox run takes an ID, then -- CMD...")
+	}
+	opts := localbox.RunOptions{
+		Config: localbox.Config{
+			ID: pos[0], Rootfs: c.String("rootfs"), Write: c.Bool("write"),
+			Env: values(c, "env"), Dir: c.String("workdir"), Cmd: cmd, Pids: c.Int64("pids"),
+		},
+		ImportTar: c.String("import-tar"),
+	}
+	if s := c.String("memory"); s != "" {
+		if opts.Memory, err = localbox.ParseSize(s); err != nil {
+			return sandboxErr(err)
+		}
+	}
+	for _, s := range values(c, "mount") {
+		mt, err := localbox.ParseMount(s)
+		if err != nil {
+			return sandboxErr(err)
+		}
+		opts.Mounts = append(opts.Mounts, mt)
+	}
+	detach := c.Bool("detach")
+	wait := func() {}
+	if !detach {
+		if opts.Stdio, wait, err = stdioFiles(c, c.Bool("stdin"), c.Bool("stdout"), c.Bool("stderr")); err != nil {
+			return err
+		}
+	}
+	m, err := sandboxManager(c)
+	if err != nil {
+		return err
+	}
+	p, err := m.Run(c.Context, opts)
+	if err != nil {
+		wait()
+		return sandboxErr(err)
+	}
+	if detach {
+		return p.Detach()
+	}
+	return follow(c, p, wait)
+}
+
+func runSandboxExec(c *cli.Context) error {
+	pos, cmd, err := sandboxArgs(c, 1)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 {
+		return badInput("sandbox exec takes an ID, then -- CMD...")
+	}
+	m, err := sandboxManager(c)
+	if err != nil {
+		return err
+	}
+	stdio, wait, err := stdioFiles(c, true, true, true)
+	if err != nil {
+		return err
+	}
+	p, err := m.Exec(c.Context, pos[0], localbox.ExecOptions{Cmd: cmd, Env: values(c, "env"), Dir: c.String("workdir"), Stdio: stdio})
+	if err != nil {
+		wait()
+		return sandboxErr(err)
+	}
+	return follow(c, p, wait)
+}
+
+func runSandboxTar(c *cli.Context) error {
+	pos, rest, err := sandboxArgs(c, 1)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 || len(rest) > 0 {
+		return badInput("sandbox tar takes one ID and --file=F")
+	}
+	file := c.String("file")
+	if file == "" {
+		return badInput("sandbox tar: --file=F is required")
+	}
+	comp, err := snapshot.ParseCompression(c.String("compression"))
+	if err != nil {
+		return badInput("--compression: %v", err)
+	}
+	if err := localbox.CheckID(pos[0]); err != nil {
+		return sandboxErr(err)
+	}
+	m, err := sandboxManager(c)
+	if err != nil {
+		return err
+	}
+	tmp := file + ".tmp-sandgate"
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	_, err = m.Tar(c.Context, pos[0], f, snapshot.PackOptions{Compression: comp})
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, file)
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return sandboxErr(err)
+	}
+	return nil
+}
+
+func runSandboxFork(c *cli.Context) error {
+	pos, rest, err := sandboxArgs(c, 2)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 2 || len(rest) > 0 {
+		return badInput("sandbox fork takes SRC and DST")
+	}
+	m, err := sandboxManager(c)
+	if err != nil {
+		return err
+	}
+	detach := c.Bool("detach")
+	var stdio localbox.Stdio
+	wait := func() {}
+	if !detach {
+		if stdio, wait, err = stdioFiles(c, true, true, true); err != nil {
+			return err
+		}
+	}
+	p, err := m.Fork(c.Context, pos[0], pos[1], stdio)
+	if err != nil {
+		wait()
+		return sandboxErr(err)
+	}
+	if detach {
+		return p.Detach()
+	}
+	return follow(c, p, wait)
+}
+
+func runSandboxDelete(c *cli.Context) error {
+	pos, rest, err := sandboxArgs(c, 1)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 || len(rest) > 0 {
+		return badInput("sandbox delete takes one ID")
+	}
+	m, err := sandboxManager(c)
+	if err != nil {
+		return err
+	}
+	return sandboxErr(m.Delete(c.Context, pos[0], c.Bool("force")))
+}
+
+func runSandboxList(c *cli.Context) error {
+	if c.Args().Len() > 0 {
+		return badInput("sandbox list takes no arguments")
+	}
+	m, err := sandboxManager(c)
+	if err != nil {
+		return err
+	}
+	infos, err := m.List()
+	if err != nil {
+		return err
+	}
+	if c.Bool("json") {
+		if infos == nil {
+			infos = []localbox.Info{}
+		}
+		enc := json.NewEncoder(c.App.Writer)
+		enc.SetIndent("", "  ")
+		return enc.Encode(infos)
+	}
+	tw := tabwriter.NewWriter(c.App.Writer, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tSTATE\tPID\tCREATED")
+	for _, in := range infos {
+		pid := "-"
+		if in.Pid > 0 {
+			pid = fmt.Sprint(in.Pid)
+		}
+		state := string(in.State)
+		if in.ExitCode != nil {
+			state = fmt.Sprintf("%s (%d)", state, *in.ExitCode)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", in.ID, state, pid, in.Created.Format(time.RFC3339))
+	}
+	return tw.Flush()
+}
