@@ -296,10 +296,12 @@ func TestLinkDropAgentSide(t *testing.T) {
 func TestVictims(t *testing.T) {
 	// 1 init, 2 kthreadd, 3 a kernel thread, 10 sandbox exec shim,
 	// 20 the agent, 21-23 its commands and their children, 30 another
-	// process in the sandbox, 31 a zombie.
+	// process in the sandbox, 31 a zombie, 40 the sandbox's main process
+	// (`sandgate agent --idle`).
 	procs := []procInfo{
-		{1, 0, 'S'}, {2, 0, 'S'}, {3, 2, 'I'}, {10, 1, 'S'}, {20, 10, 'S'},
-		{21, 20, 'S'}, {22, 21, 'S'}, {23, 20, 'R'}, {30, 1, 'S'}, {31, 1, 'Z'},
+		{1, 0, 'S', false}, {2, 0, 'S', false}, {3, 2, 'I', false}, {10, 1, 'S', false}, {20, 10, 'S', true},
+		{21, 20, 'S', false}, {22, 21, 'S', false}, {23, 20, 'R', false}, {30, 1, 'S', false}, {31, 1, 'Z', false},
+		{40, 1, 'S', true},
 	}
 	if got := victims(procs, 20, KillDescendants); !slices.Equal(got, []int{21, 22, 23}) {
 		t.Errorf("descendants: %v", got)
@@ -308,7 +310,7 @@ func TestVictims(t *testing.T) {
 		t.Errorf("sandbox: %v", got)
 	}
 	// A parent cycle (a torn read of /proc) does not loop.
-	cyc := []procInfo{{5, 6, 'S'}, {6, 5, 'S'}, {7, 5, 'S'}}
+	cyc := []procInfo{{5, 6, 'S', false}, {6, 5, 'S', false}, {7, 5, 'S', false}}
 	if got := victims(cyc, 7, KillSandbox); len(got) != 0 {
 		t.Errorf("cycle: %v", got)
 	}

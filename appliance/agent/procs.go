@@ -19,6 +19,7 @@ import (
 type procInfo struct {
 	pid, ppid int
 	state     byte
+	sandgate  bool // it runs the agent's own executable
 }
 
 // listProcs reads every process visible in /proc. Processes that vanish
@@ -28,6 +29,7 @@ func listProcs() ([]procInfo, error) {
 	if err != nil {
 		return nil, fmt.Errorf("list processes: %w", err)
 	}
+	self, selfErr := os.Stat("/proc/self/exe")
 	out := make([]procInfo, 0, len(ents))
 	for _, e := range ents {
 		pid, err := strconv.Atoi(e.Name())
@@ -39,6 +41,10 @@ func listProcs() ([]procInfo, error) {
 			continue
 		}
 		if pi, ok := parseStat(b); ok {
+			if selfErr == nil {
+				exe, err := os.Stat("/proc/" + e.Name() + "/exe")
+				pi.sandgate = err == nil && os.SameFile(exe, self)
+			}
 			out = append(out, pi)
 		}
 	}
@@ -71,7 +77,9 @@ func parseStat(b []byte) (procInfo, bool) {
 
 // victims chooses what a kill-all stops, from a process table: for
 // KillDescendants, every descendant of self; for KillSandbox, every process
-// but self, its ancestors, PID 1 and kernel threads (children of PID 2).
+// but self, its ancestors, PID 1, kernel threads (children of PID 2) and
+// processes running sandgate's own executable: the sandbox's main process
+// (`sandgate agent --idle`, whose end would stop the sandbox) and agents.
 // Zombies are already dead and never chosen.
 func victims(procs []procInfo, self int, scope KillScope) []int {
 	parent := make(map[int]int, len(procs))
@@ -108,7 +116,7 @@ func victims(procs []procInfo, self int, scope KillScope) []int {
 			keep[a] = true
 		}
 		for _, p := range procs {
-			if !keep[p.pid] && p.ppid != 2 && p.state != 'Z' {
+			if !keep[p.pid] && !p.sandgate && p.ppid != 2 && p.state != 'Z' {
 				out = append(out, p.pid)
 			}
 		}

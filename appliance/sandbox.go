@@ -1,0 +1,359 @@
+package appliance
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/sandgate/sandgate/appliance/agent"
+	"github.com/sandgate/sandgate/netpolicy"
+	"github.com/sandgate/sandgate/relay"
+	"github.com/sandgate/sandgate/transforms"
+	"github.com/sandgate/sandgate/transforms/wasm"
+)
+
+// Options are what a sandbox is created with.
+type Options struct {
+	// Policy is the sandbox's network policy; the zero value denies all.
+	Policy netpolicy.Policy
+	// Transforms are its transformation rules (placeholder → secret on
+	// base-URL routes); nil means none. They stay in the service.
+	Transforms *transforms.RuleSet
+	// Modules are its own WebAssembly transform modules, run after the
+	// proxy's service-wide ones; nil means none. The caller owns them.
+	Modules *wasm.Chain
+	// ImportTar starts the writable layer from a layer tar (a snapshot
+	// or a template).
+	ImportTar string
+	// Agent configures the agent (relay address, PATH, HOME, base-URL
+	// variables); the zero value means its defaults.
+	Agent agent.Config
+}
+
+// Sandbox is the service's handle on one running sandbox: its identity in
+// the egress proxy and the link to its agent. The link is restarted when
+// it drops; an operation under way when it drops fails with an error
+// matching agent.ErrLinkDown, and the next waits for the new link.
+type Sandbox struct {
+	id    string
+	l     *Launcher
+	proxy *relay.Proxy
+	relay *relay.Sandbox
+	opts  Options
+	log   *slog.Logger
+
+	ctx    context.Context // the sandbox's lifetime: ends at Destroy
+	cancel context.CancelCauseFunc
+
+	mu       sync.Mutex
+	cur      *agent.Client
+	curLink  *link
+	ready    chan struct{} // closed when cur is set; replaced when it drops
+	restarts int
+	wg       sync.WaitGroup
+}
+
+// maxAgentStarts bounds how often the agent is restarted in a row without
+// a link that stayed up for agentStableAfter; past it the sandbox is left
+// without an agent and operations say why.
+const (
+	maxAgentStarts   = 5
+	agentStableAfter = 10 * time.Second
+	agentHelloWait   = 30 * time.Second
+)
+
+// Create starts sandbox id under the launcher, wires it into proxy as its
+// own identity (its egress is served under opts.Policy and
+// opts.Transforms) and starts its agent. On failure nothing of the sandbox
+// is left behind.
+func Create(ctx context.Context, l *Launcher, proxy *relay.Proxy, id string, opts Options) (*Sandbox, error) {
+	if err := CheckID(id); err != nil {
+		return nil, err
+	}
+	s := &Sandbox{id: id, l: l, proxy: proxy, opts: opts, log: l.log.With("sandbox", id), ready: make(chan struct{})}
+	s.relay = relay.NewSandbox(id, opts.Policy, opts.Transforms)
+	if opts.Modules != nil {
+		s.relay.SetModules(opts.Modules)
+	}
+	s.ctx, s.cancel = context.WithCancelCause(context.Background())
+	if err := l.Create(ctx, id, CreateOptions{ImportTar: opts.ImportTar}); err != nil {
+		s.cancel(err)
+		return nil, err
+	}
+	c, k, err := s.connect(ctx)
+	if err != nil {
+		s.cancel(err)
+		cleanup, stop := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer stop()
+		if derr := l.Delete(cleanup, id); derr != nil {
+			err = fmt.Errorf("%w (and removing the half-made sandbox failed: %v)", err, derr)
+		}
+		return nil, err
+	}
+	s.set(c, k)
+	s.wg.Add(1)
+	go s.supervise()
+	return s, nil
+}
+
+// ID returns the sandbox id.
+func (s *Sandbox) ID() string { return s.id }
+
+// Relay returns the sandbox's identity in the egress proxy: change its
+// policy or rules there, read its audit events by its ID.
+func (s *Sandbox) Relay() *relay.Sandbox { return s.relay }
+
+// connect starts an agent and performs the hello exchange.
+func (s *Sandbox) connect(ctx context.Context) (*agent.Client, *link, error) {
+	k, err := s.l.startAgent(s.id)
+	if err != nil {
+		return nil, nil, err
+	}
+	hctx, stop := context.WithTimeout(ctx, agentHelloWait)
+	defer stop()
+	c, err := agent.NewClient(hctx, k, agent.ClientOptions{
+		Config: s.opts.Agent,
+		Egress: s.egress,
+		Logger: s.log,
+	})
+	if err != nil {
+		k.Close()
+		return nil, nil, fmt.Errorf("sandbox %s: starting its agent: %w (%s)", s.id, err, k.exitReason())
+	}
+	return c, k, nil
+}
+
+// egress serves one connection a sandbox process made to its relay
+// listener, under this sandbox's identity: the identity is the link it
+// came on, never anything it says.
+func (s *Sandbox) egress(c net.Conn) {
+	s.proxy.ServeConn(s.ctx, c, s.relay)
+}
+
+func (s *Sandbox) set(c *agent.Client, k *link) {
+	s.mu.Lock()
+	s.cur, s.curLink = c, k
+	close(s.ready)
+	s.mu.Unlock()
+}
+
+// supervise restarts the agent whenever its link drops, until Destroy.
+func (s *Sandbox) supervise() {
+	defer s.wg.Done()
+	for {
+		s.mu.Lock()
+		c, k := s.cur, s.curLink
+		s.mu.Unlock()
+		up := time.Now()
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-c.Done():
+		}
+		if s.ctx.Err() != nil {
+			return
+		}
+		s.log.Warn("agent link dropped; restarting the agent", "reason", k.exitReason())
+		k.Close()
+		s.mu.Lock()
+		s.ready = make(chan struct{})
+		s.cur = nil
+		if time.Since(up) > agentStableAfter {
+			s.restarts = 0
+		}
+		s.mu.Unlock()
+		for {
+			s.mu.Lock()
+			s.restarts++
+			n := s.restarts
+			s.mu.Unlock()
+			if n > maxAgentStarts {
+				err := fmt.Errorf("sandbox %s: its agent failed %d times in a row; destroy and recreate the sandbox", s.id, maxAgentStarts)
+				s.log.Error("giving up on the agent", "err", err)
+				s.cancel(err)
+				return
+			}
+			c, k, err := s.connect(s.ctx)
+			if err == nil {
+				s.set(c, k)
+				s.log.Info("agent restarted", "attempt", n)
+				break
+			}
+			s.log.Warn("restarting the agent failed", "attempt", n, "err", err)
+			select {
+			case <-s.ctx.Done():
+				return
+			case <-time.After(time.Duration(n) * 200 * time.Millisecond):
+			}
+		}
+	}
+}
+
+// client returns the live agent link, waiting under ctx for a restart in
+// progress.
+func (s *Sandbox) client(ctx context.Context) (*agent.Client, error) {
+	for {
+		s.mu.Lock()
+		c, ready := s.cur, s.ready
+		s.mu.Unlock()
+		if c != nil && c.Err() == nil {
+			return c, nil
+		}
+		if s.ctx.Err() != nil {
+			return nil, fmt.Errorf("sandbox %s: %w", s.id, context.Cause(s.ctx))
+		}
+		select {
+		case <-ready:
+		case <-s.ctx.Done():
+		case <-ctx.Done():
+			return nil, fmt.Errorf("sandbox %s: waiting for its agent: %w", s.id, context.Cause(ctx))
+		case <-time.After(50 * time.Millisecond): // a drop the supervisor has yet to see
+		}
+	}
+}
+
+// Run runs a command in the sandbox and waits for it; see agent.Client.Run.
+func (s *Sandbox) Run(ctx context.Context, cmd agent.Cmd) (agent.ExitStatus, error) {
+	c, err := s.client(ctx)
+	if err != nil {
+		return agent.ExitStatus{}, err
+	}
+	return c.Run(ctx, cmd)
+}
+
+// Spawn starts a command and returns its handle; see agent.Client.Spawn.
+func (s *Sandbox) Spawn(ctx context.Context, cmd agent.Cmd) (*agent.Process, error) {
+	c, err := s.client(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return c.Spawn(ctx, cmd)
+}
+
+// KillAll stops every process in the sandbox but its agent.
+func (s *Sandbox) KillAll(ctx context.Context) (int, error) {
+	c, err := s.client(ctx)
+	if err != nil {
+		return 0, err
+	}
+	return c.KillAll(ctx)
+}
+
+// ReadFile streams a file out of the sandbox; a missing file matches
+// fs.ErrNotExist.
+func (s *Sandbox) ReadFile(ctx context.Context, path string) (io.ReadCloser, fs.FileInfo, error) {
+	c, err := s.client(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	r, fi, err := c.ReadFile(ctx, path)
+	if err != nil {
+		return nil, nil, err
+	}
+	return r, fi, nil
+}
+
+// WriteFile streams r into a file in the sandbox, creating parents; the
+// file is replaced only when the whole content arrived.
+func (s *Sandbox) WriteFile(ctx context.Context, path string, r io.Reader, opts agent.WriteOptions) (int64, error) {
+	c, err := s.client(ctx)
+	if err != nil {
+		return 0, err
+	}
+	return c.WriteFile(ctx, path, r, opts)
+}
+
+// Stat describes a file in the sandbox.
+func (s *Sandbox) Stat(ctx context.Context, path string) (fs.FileInfo, error) {
+	c, err := s.client(ctx)
+	if err != nil {
+		return nil, err
+	}
+	fi, err := c.Stat(ctx, path)
+	if err != nil {
+		return nil, err
+	}
+	return fi, nil
+}
+
+// Mkdir makes a directory and its parents in the sandbox.
+func (s *Sandbox) Mkdir(ctx context.Context, path string, perm fs.FileMode) error {
+	c, err := s.client(ctx)
+	if err != nil {
+		return err
+	}
+	return c.Mkdir(ctx, path, perm)
+}
+
+// Remove removes a file or directory (a tree with recursive).
+func (s *Sandbox) Remove(ctx context.Context, path string, recursive bool) error {
+	c, err := s.client(ctx)
+	if err != nil {
+		return err
+	}
+	return c.Remove(ctx, path, recursive)
+}
+
+// TarIn seeds dir in the sandbox from a tar stream (bare, gzip or zstd).
+func (s *Sandbox) TarIn(ctx context.Context, dir string, r io.Reader, opts agent.TarOptions) error {
+	c, err := s.client(ctx)
+	if err != nil {
+		return err
+	}
+	return c.TarIn(ctx, dir, r, opts)
+}
+
+// TarOut writes dir in the sandbox to w as a tar stream.
+func (s *Sandbox) TarOut(ctx context.Context, dir string, w io.Writer) error {
+	c, err := s.client(ctx)
+	if err != nil {
+		return err
+	}
+	return c.TarOut(ctx, dir, w)
+}
+
+// DialPort connects to 127.0.0.1:port inside the sandbox.
+func (s *Sandbox) DialPort(ctx context.Context, port int) (net.Conn, error) {
+	c, err := s.client(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return c.DialPort(ctx, port)
+}
+
+// ExportLayer writes the sandbox's writable layer to file as a layer tar
+// (the snapshot package reads it). Stop its processes first (KillAll) for
+// a consistent layer.
+func (s *Sandbox) ExportLayer(ctx context.Context, file string) error {
+	return s.l.Tar(ctx, s.id, file)
+}
+
+// Destroy stops the agent and every process of the sandbox, removes it,
+// and drops its kept-alive upstream connections. Egress connections in
+// progress are cut when the link goes.
+func (s *Sandbox) Destroy(ctx context.Context) error {
+	s.cancel(errDestroyed)
+	s.wg.Wait()
+	s.mu.Lock()
+	c, k := s.cur, s.curLink
+	s.cur = nil
+	s.mu.Unlock()
+	if c != nil {
+		c.Close()
+	}
+	if k != nil {
+		k.Close()
+	}
+	err := s.l.Delete(ctx, s.id)
+	s.relay.Close()
+	if err != nil && !errors.Is(err, context.Canceled) {
+		return fmt.Errorf("destroying sandbox %s: %w", s.id, err)
+	}
+	return err
+}

@@ -1,0 +1,111 @@
+// Package gobuild builds the programs tests run for real — the sandgate
+// binary and WebAssembly guest modules — once per test process each, with
+// the Go toolchain running the tests.
+package gobuild
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+)
+
+type result struct {
+	path string
+	err  error
+}
+
+var (
+	mu    sync.Mutex
+	once  = map[string]*sync.Once{}
+	built = map[string]*result{}
+	dir   string
+)
+
+// Sandgate returns the path of ./cmd/sandgate built for this machine.
+func Sandgate(t testing.TB) string {
+	t.Helper()
+	return build(t, "github.com/sandgate/sandgate/cmd/sandgate", "sandgate", nil, nil)
+}
+
+// Wasm returns the path of the Go package pkg (an import path, or a
+// directory) built as a WebAssembly reactor module (GOOS=wasip1
+// GOARCH=wasm -buildmode=c-shared), the form sandgate loads.
+func Wasm(t testing.TB, pkg string) string {
+	t.Helper()
+	if !strings.HasPrefix(pkg, "github.com/") {
+		abs, err := filepath.Abs(pkg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pkg = abs
+	}
+	name := strings.NewReplacer("/", "_", ".", "_").Replace(strings.TrimPrefix(pkg, "github.com/sandgate/sandgate/")) + ".wasm"
+	return build(t, pkg, name, []string{"GOOS=wasip1", "GOARCH=wasm"}, []string{"-buildmode=c-shared"})
+}
+
+func build(t testing.TB, pkg, name string, env, flags []string) string {
+	t.Helper()
+	key := pkg + "\x00" + strings.Join(env, " ")
+	mu.Lock()
+	o := once[key]
+	if o == nil {
+		o = new(sync.Once)
+		once[key] = o
+	}
+	mu.Unlock()
+	o.Do(func() {
+		r := &result{}
+		defer func() { mu.Lock(); built[key] = r; mu.Unlock() }()
+		d, err := outDir()
+		if err != nil {
+			r.err = err
+			return
+		}
+		r.path = filepath.Join(d, name)
+		args := append([]string{"build", "-o", r.path}, flags...)
+		cmd := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), append(args, pkg)...)
+		cmd.Env = append(os.Environ(), env...)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			r.err = fmt.Errorf("go build %s: %v\n%s", pkg, err, out)
+		}
+	})
+	mu.Lock()
+	r := built[key]
+	mu.Unlock()
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	return r.path
+}
+
+// Cleanup removes what was built. Call it from TestMain after m.Run: builds
+// outlive the test that asked first, so no t.Cleanup can remove them.
+func Cleanup() {
+	mu.Lock()
+	defer mu.Unlock()
+	if dir != "" {
+		os.RemoveAll(dir)
+		dir = ""
+		once = map[string]*sync.Once{}
+		built = map[string]*result{}
+	}
+}
+
+// outDir is one temporary directory per test process.
+func outDir() (string, error) {
+	mu.Lock()
+	defer mu.Unlock()
+	if dir == "" {
+		d, err := os.MkdirTemp("", "sandgate-gobuild-")
+		if err != nil {
+			return "", err
+		}
+		dir = d
+	}
+	return dir, nil
+}
