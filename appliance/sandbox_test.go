@@ -494,4 +494,3 @@ func (l *lineSignal) Write(p []byte) (int, error) {
 	}
 	return len(p), nil
 }
-
