@@ -102,16 +102,31 @@ func isUsageError(err error) bool {
 
 // interspersed applies flags written after the positional arguments
 // ("unpack FILE --into DIR"), which urfave/cli v2 leaves in Args, and
-// returns the positional arguments.
+// returns the positional arguments (with everything after "--").
 func interspersed(c *cli.Context) ([]string, error) {
-	var pos []string
+	pos, rest, err := splitArgs(c, -1)
+	return append(pos, rest...), err
+}
+
+// splitArgs applies the flags among c's arguments and returns the first
+// nPos positional arguments and the rest: what follows "--", or from the
+// first positional argument past nPos on (a command and its own flags).
+// nPos < 0 takes every positional argument.
+func splitArgs(c *cli.Context, nPos int) (pos, rest []string, err error) {
+	hint := ""
+	if nPos >= 0 {
+		hint = "put the command after --; "
+	}
 	args := c.Args().Slice()
 	for i := 0; i < len(args); i++ {
 		a := args[i]
 		if a == "--" {
-			return append(pos, args[i+1:]...), nil
+			return pos, args[i+1:], nil
 		}
 		if !strings.HasPrefix(a, "-") || a == "-" {
+			if len(pos) == nPos {
+				return pos, args[i:], nil
+			}
 			pos = append(pos, a)
 			continue
 		}
@@ -123,21 +138,21 @@ func interspersed(c *cli.Context) ([]string, error) {
 			}
 		}
 		if flag == nil {
-			return nil, badInput("flag provided but not defined: %s (see '%s --help')", a, c.Command.HelpName)
+			return nil, nil, badInput("flag provided but not defined: %s (%ssee '%s --help')", a, hint, c.Command.HelpName)
 		}
 		if _, isBool := flag.(*cli.BoolFlag); isBool && !hasValue {
 			value, hasValue = "true", true
 		}
 		if !hasValue {
 			if i+1 >= len(args) {
-				return nil, badInput("flag needs an argument: %s", a)
+				return nil, nil, badInput("flag needs an argument: %s", a)
 			}
 			i++
 			value = args[i]
 		}
 		if err := c.Set(name, value); err != nil {
-			return nil, badInput("%s: %v", a, err)
+			return nil, nil, badInput("%s: %v", a, err)
 		}
 	}
-	return pos, nil
+	return pos, nil, nil
 }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"slices"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -110,51 +109,6 @@ func values(c *cli.Context, name string) []string {
 	return nil
 }
 
-// sandboxArgs applies flags written anywhere before "--" or before the
-// command, and returns the nPos positional arguments and the command: with
-// nPos positionals collected, the next argument starts the command even
-// without "--".
-func sandboxArgs(c *cli.Context, nPos int) (pos, cmd []string, err error) {
-	args := c.Args().Slice()
-	for i := 0; i < len(args); i++ {
-		a := args[i]
-		if a == "--" {
-			return pos, args[i+1:], nil
-		}
-		if !strings.HasPrefix(a, "-") || a == "-" {
-			if len(pos) == nPos {
-				return pos, args[i:], nil
-			}
-			pos = append(pos, a)
-			continue
-		}
-		name, value, hasValue := strings.Cut(strings.TrimLeft(a, "-"), "=")
-		var flag cli.Flag
-		for _, f := range c.Command.Flags {
-			if slices.Contains(f.Names(), name) {
-				flag = f
-			}
-		}
-		if flag == nil {
-			return nil, nil, badInput("flag provided but not defined: %s (put the command after --; see '%s --help')", a, c.Command.HelpName)
-		}
-		if _, isBool := flag.(*cli.BoolFlag); isBool && !hasValue {
-			value, hasValue = "true", true
-		}
-		if !hasValue {
-			if i+1 >= len(args) {
-				return nil, nil, badInput("flag needs an argument: %s", a)
-			}
-			i++
-			value = args[i]
-		}
-		if err := c.Set(name, value); err != nil {
-			return nil, nil, badInput("%s: %v", a, err)
-		}
-	}
-	return pos, nil, nil
-}
-
 func sandboxManager(c *cli.Context) (*localbox.Manager, error) {
 	return localbox.New(c.String("state-dir"))
 }
@@ -246,7 +200,7 @@ func follow(c *cli.Context, p *localbox.Process, wait func()) error {
 }
 
 func runSandboxRun(c *cli.Context) error {
-	pos, cmd, err := sandboxArgs(c, 1)
+	pos, cmd, err := splitArgs(c, 1)
 	if err != nil {
 		return err
 	}
@@ -295,7 +249,7 @@ func runSandboxRun(c *cli.Context) error {
 }
 
 func runSandboxExec(c *cli.Context) error {
-	pos, cmd, err := sandboxArgs(c, 1)
+	pos, cmd, err := splitArgs(c, 1)
 	if err != nil {
 		return err
 	}
@@ -319,7 +273,7 @@ func runSandboxExec(c *cli.Context) error {
 }
 
 func runSandboxTar(c *cli.Context) error {
-	pos, rest, err := sandboxArgs(c, 1)
+	pos, rest, err := splitArgs(c, 1)
 	if err != nil {
 		return err
 	}
@@ -361,7 +315,7 @@ func runSandboxTar(c *cli.Context) error {
 }
 
 func runSandboxFork(c *cli.Context) error {
-	pos, rest, err := sandboxArgs(c, 2)
+	pos, rest, err := splitArgs(c, 2)
 	if err != nil {
 		return err
 	}
@@ -392,7 +346,7 @@ func runSandboxFork(c *cli.Context) error {
 }
 
 func runSandboxDelete(c *cli.Context) error {
-	pos, rest, err := sandboxArgs(c, 1)
+	pos, rest, err := splitArgs(c, 1)
 	if err != nil {
 		return err
 	}
