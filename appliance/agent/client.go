@@ -115,21 +115,39 @@ func (c *Client) Close() error {
 }
 
 // acceptLoop serves the streams the agent opens: egress connections.
+// Streams the agent opens are untrusted (code in the sandbox can take the
+// agent over): their first message is small, and only so many may be
+// waiting for it at once; past that a new stream is reset. Connections
+// already handed to Egress are bounded by the relay's own per-sandbox cap.
+const (
+	maxIncomingMsg     = 4 << 10
+	maxIncomingPending = 64
+)
+
 func (c *Client) acceptLoop() {
+	pending := make(chan struct{}, maxIncomingPending)
 	for {
 		st, err := c.sess.AcceptStream()
 		if err != nil {
 			return
 		}
-		go c.incoming(st)
+		select {
+		case pending <- struct{}{}:
+			go c.incoming(st, func() { <-pending })
+		default:
+			c.log.Warn("agent: too many streams opened by the agent await their first message; resetting one")
+			st.SetDeadline(timeZero1)
+			st.Close()
+		}
 	}
 }
 
-func (c *Client) incoming(st *yamux.Stream) {
+func (c *Client) incoming(st *yamux.Stream, release func()) {
 	var buf []byte
 	var req request
 	st.SetReadDeadline(time.Now().Add(requestTimeout))
-	kind, p, err := readFrame(st, &buf)
+	kind, p, err := readFrameMax(st, &buf, maxIncomingMsg)
+	release()
 	if err == nil && kind == kindMsg {
 		req, err = decodeRequest(p)
 	} else if err == nil {

@@ -296,26 +296,33 @@ func TestLinkDropAgentSide(t *testing.T) {
 func TestVictims(t *testing.T) {
 	// 1 init, 2 kthreadd, 3 a kernel thread, 10 sandbox exec shim,
 	// 20 the agent, 21-23 its commands and their children, 30 another
-	// process in the sandbox, 31 a zombie, 40 the sandbox's main process
-	// (`sandgate agent --idle`).
+	// process in the sandbox, 31 a zombie, 5 the sandbox's main process
+	// (`sandgate agent --idle`, started first), 40 a command that runs
+	// sandgate the same way later: only the oldest holder is spared.
 	procs := []procInfo{
-		{1, 0, 'S', false}, {2, 0, 'S', false}, {3, 2, 'I', false}, {10, 1, 'S', false}, {20, 10, 'S', true},
-		{21, 20, 'S', false}, {22, 21, 'S', false}, {23, 20, 'R', false}, {30, 1, 'S', false}, {31, 1, 'Z', false},
-		{40, 1, 'S', true},
+		{pid: 1, start: 1}, {pid: 2, start: 1}, {pid: 3, ppid: 2, state: 'I'}, {pid: 5, ppid: 1, start: 2, holder: true},
+		{pid: 10, ppid: 1, start: 3}, {pid: 20, ppid: 10, start: 4},
+		{pid: 21, ppid: 20, start: 5}, {pid: 22, ppid: 21, start: 6}, {pid: 23, ppid: 20, state: 'R', start: 7},
+		{pid: 30, ppid: 1, start: 8}, {pid: 31, ppid: 1, state: 'Z', start: 9}, {pid: 40, ppid: 1, start: 10, holder: true},
+	}
+	for i := range procs {
+		if procs[i].state == 0 {
+			procs[i].state = 'S'
+		}
 	}
 	if got := victims(procs, 20, KillDescendants); !slices.Equal(got, []int{21, 22, 23}) {
 		t.Errorf("descendants: %v", got)
 	}
-	if got := victims(procs, 20, KillSandbox); !slices.Equal(got, []int{21, 22, 23, 30}) {
+	if got := victims(procs, 20, KillSandbox); !slices.Equal(got, []int{21, 22, 23, 30, 40}) {
 		t.Errorf("sandbox: %v", got)
 	}
 	// A parent cycle (a torn read of /proc) does not loop.
-	cyc := []procInfo{{5, 6, 'S', false}, {6, 5, 'S', false}, {7, 5, 'S', false}}
+	cyc := []procInfo{{pid: 5, ppid: 6, state: 'S'}, {pid: 6, ppid: 5, state: 'S'}, {pid: 7, ppid: 5, state: 'S'}}
 	if got := victims(cyc, 7, KillSandbox); len(got) != 0 {
 		t.Errorf("cycle: %v", got)
 	}
-	st := "1234 (a (weird) name) S 99 1234 1234 0 -1"
-	if pi, ok := parseStat([]byte(st)); !ok || pi.pid != 1234 || pi.ppid != 99 || pi.state != 'S' {
+	st := "1234 (a (weird) name) S 99 1234 1234 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 555 1000 200"
+	if pi, ok := parseStat([]byte(st)); !ok || pi.pid != 1234 || pi.ppid != 99 || pi.state != 'S' || pi.start != 555 {
 		t.Errorf("parseStat(%q) = %+v %v", st, pi, ok)
 	}
 }

@@ -19,7 +19,8 @@ import (
 type procInfo struct {
 	pid, ppid int
 	state     byte
-	sandgate  bool // it runs the agent's own executable
+	start     uint64 // start time, clock ticks after boot
+	holder    bool   // it runs the agent's own executable as `agent --idle`
 }
 
 // listProcs reads every process visible in /proc. Processes that vanish
@@ -43,7 +44,11 @@ func listProcs() ([]procInfo, error) {
 		if pi, ok := parseStat(b); ok {
 			if selfErr == nil {
 				exe, err := os.Stat("/proc/" + e.Name() + "/exe")
-				pi.sandgate = err == nil && os.SameFile(exe, self)
+				if err == nil && os.SameFile(exe, self) {
+					cmdline, _ := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+					args := bytes.Split(bytes.TrimSuffix(cmdline, []byte{0}), []byte{0})
+					pi.holder = len(args) == 3 && string(args[1]) == "agent" && string(args[2]) == "--idle"
+				}
 			}
 			out = append(out, pi)
 		}
@@ -51,9 +56,9 @@ func listProcs() ([]procInfo, error) {
 	return out, nil
 }
 
-// parseStat reads pid, state and ppid from a /proc/<pid>/stat line. The
-// command name may hold spaces and parentheses, so fields are counted from
-// the last ')'.
+// parseStat reads pid, state, ppid and start time from a /proc/<pid>/stat
+// line. The command name may hold spaces and parentheses, so fields are
+// counted from the last ')'.
 func parseStat(b []byte) (procInfo, bool) {
 	open := bytes.IndexByte(b, '(')
 	end := bytes.LastIndexByte(b, ')')
@@ -65,22 +70,28 @@ func parseStat(b []byte) (procInfo, bool) {
 		return procInfo{}, false
 	}
 	f := bytes.Fields(b[end+1:])
-	if len(f) < 2 || len(f[0]) != 1 {
+	if len(f) < 20 || len(f[0]) != 1 {
 		return procInfo{}, false
 	}
 	ppid, err := strconv.Atoi(string(f[1]))
 	if err != nil {
 		return procInfo{}, false
 	}
-	return procInfo{pid: pid, ppid: ppid, state: f[0][0]}, true
+	start, err := strconv.ParseUint(string(f[19]), 10, 64) // field 22, starttime
+	if err != nil {
+		return procInfo{}, false
+	}
+	return procInfo{pid: pid, ppid: ppid, state: f[0][0], start: start}, true
 }
 
 // victims chooses what a kill-all stops, from a process table: for
 // KillDescendants, every descendant of self; for KillSandbox, every process
-// but self, its ancestors, PID 1, kernel threads (children of PID 2) and
-// processes running sandgate's own executable: the sandbox's main process
-// (`sandgate agent --idle`, whose end would stop the sandbox) and agents.
-// Zombies are already dead and never chosen.
+// but self, its ancestors, PID 1, kernel threads (children of PID 2) and the
+// sandbox's main process: the oldest process running sandgate's own
+// executable as `agent --idle` (its end would stop the sandbox). Only the
+// oldest: it started with the sandbox, before any command could, so a
+// command that runs the binary the same way (say with LD_PRELOAD) is still
+// stopped. Zombies are already dead and never chosen.
 func victims(procs []procInfo, self int, scope KillScope) []int {
 	parent := make(map[int]int, len(procs))
 	for _, p := range procs {
@@ -112,11 +123,20 @@ func victims(procs []procInfo, self int, scope KillScope) []int {
 		}
 	default:
 		keep := map[int]bool{self: true, 1: true, 2: true}
+		holder := -1
+		for i, p := range procs {
+			if p.holder && p.state != 'Z' && (holder < 0 || p.start < procs[holder].start) {
+				holder = i
+			}
+		}
+		if holder >= 0 {
+			keep[procs[holder].pid] = true
+		}
 		for a, n := parent[self], 0; a > 0 && n < len(procs); a, n = parent[a], n+1 {
 			keep[a] = true
 		}
 		for _, p := range procs {
-			if !keep[p.pid] && !p.sandgate && p.ppid != 2 && p.state != 'Z' {
+			if !keep[p.pid] && p.ppid != 2 && p.state != 'Z' {
 				out = append(out, p.pid)
 			}
 		}

@@ -123,6 +123,16 @@ var knownOps = map[string]bool{
 // its kind and payload, which stays valid until the next call with buf.
 // A clean io.EOF is returned only before a frame's first byte.
 func readFrame(r io.Reader, buf *[]byte) (byte, []byte, error) {
+	return readFrameMax(r, buf, maxMsgBytes)
+}
+
+// allocAhead is the most of a frame's payload allocated before its bytes
+// arrive: a larger frame grows its buffer as it is read, so a header alone
+// (5 bytes from the other side) never pins megabytes.
+const allocAhead = 64 << 10
+
+// readFrameMax is readFrame with messages capped at maxMsg bytes.
+func readFrameMax(r io.Reader, buf *[]byte, maxMsg uint32) (byte, []byte, error) {
 	var h [headerBytes]byte
 	if _, err := io.ReadFull(r, h[:]); err != nil {
 		return 0, nil, err
@@ -130,8 +140,8 @@ func readFrame(r io.Reader, buf *[]byte) (byte, []byte, error) {
 	kind, n := h[0], binary.BigEndian.Uint32(h[1:])
 	switch kind {
 	case kindMsg:
-		if n > maxMsgBytes {
-			return 0, nil, fmt.Errorf("%w: a %d-byte message (at most %d)", errProtocol, n, maxMsgBytes)
+		if n > maxMsg {
+			return 0, nil, fmt.Errorf("%w: a %d-byte message (at most %d)", errProtocol, n, maxMsg)
 		}
 	case kindData, kindStderr:
 		if n > maxDataBytes {
@@ -139,6 +149,18 @@ func readFrame(r io.Reader, buf *[]byte) (byte, []byte, error) {
 		}
 	default:
 		return 0, nil, fmt.Errorf("%w: unknown frame kind %d", errProtocol, kind)
+	}
+	if int(n) > cap(*buf) && n > allocAhead {
+		var b bytes.Buffer
+		b.Grow(allocAhead)
+		if _, err := io.CopyN(&b, r, int64(n)); err != nil {
+			if err == io.EOF {
+				err = io.ErrUnexpectedEOF
+			}
+			return 0, nil, err
+		}
+		*buf = b.Bytes()
+		return kind, *buf, nil
 	}
 	if cap(*buf) < int(n) {
 		*buf = make([]byte, n)
