@@ -268,7 +268,7 @@ func (a *applier) apply(hdr *tar.Header, content io.Reader) error {
 	if err != nil {
 		return err
 	}
-	if target, opaque, ok, err := splitWhiteout(name); err != nil {
+	if target, opaque, ok, err := splitWhiteout(name, hdr); err != nil {
 		return err
 	} else if ok {
 		if opaque {

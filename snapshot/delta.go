@@ -76,7 +76,7 @@ func MergeLayers(ctx context.Context, base, delta io.Reader, w io.Writer, opts M
 		if err != nil {
 			return err
 		}
-		if target, opaque, ok, err := splitWhiteout(name); err != nil {
+		if target, opaque, ok, err := splitWhiteout(name, h); err != nil {
 			return err
 		} else if ok && opaque {
 			ds.opaque = append(ds.opaque, target)
@@ -122,7 +122,7 @@ func MergeLayers(ctx context.Context, base, delta io.Reader, w io.Writer, opts M
 			return err
 		}
 		key := name
-		if target, opaque, ok, _ := splitWhiteout(name); ok && !opaque {
+		if target, opaque, ok, _ := splitWhiteout(name, h); ok && !opaque {
 			key = target // a base whiteout goes if the delta writes that path
 			if ds.replaced[target] {
 				return nil

@@ -112,7 +112,7 @@ func streamInfo(h *tar.Header) (fi FileInfo, dir string, err error) {
 		return FileInfo{}, "", err
 	}
 	x := paxXattrs(h.PAXRecords)
-	if target, opaque, ok, err := splitWhiteout(name); err != nil {
+	if target, opaque, ok, err := splitWhiteout(name, h); err != nil {
 		return FileInfo{}, "", err
 	} else if ok && opaque {
 		return FileInfo{Path: name, Type: "opaque"}, target, nil

@@ -1,6 +1,7 @@
 package snapshot
 
 import (
+	"archive/tar"
 	"path"
 	"strings"
 )
@@ -46,12 +47,14 @@ func cleanEntryName(name string) (string, error) {
 	return clean, nil
 }
 
-// splitWhiteout reports whether the clean name is an OCI whiteout. For a
-// plain whiteout it returns the path it hides; for an opaque marker it
-// returns the directory made opaque and opaque=true.
-func splitWhiteout(clean string) (target string, opaque, ok bool, err error) {
+// splitWhiteout reports whether the entry hdr, named clean, is an OCI
+// whiteout. For a plain whiteout it returns the path it hides; for an opaque
+// marker it returns the directory made opaque and opaque=true. An entry
+// marked literal (paxLiteralKey) is a file whose own name starts with
+// ".wh.", never a whiteout.
+func splitWhiteout(clean string, hdr *tar.Header) (target string, opaque, ok bool, err error) {
 	dir, base := path.Split(clean)
-	if !strings.HasPrefix(base, whiteoutPrefix) {
+	if !strings.HasPrefix(base, whiteoutPrefix) || hdr.PAXRecords[paxLiteralKey] == "1" {
 		return "", false, false, nil
 	}
 	dir = strings.TrimSuffix(dir, "/")
@@ -74,4 +77,16 @@ func hasPrefixPath(p, dir string) bool {
 		return true
 	}
 	return p == dir || strings.HasPrefix(p, dir+"/")
+}
+
+// markLiteral marks an entry whose name starts with ".wh." as a file of
+// that name, so applying the layer recreates it instead of reading a
+// whiteout (OCI reserves the prefix; a sandbox may still use it).
+func markLiteral(hdr *tar.Header, rel string) {
+	if strings.HasPrefix(path.Base(rel), whiteoutPrefix) {
+		if hdr.PAXRecords == nil {
+			hdr.PAXRecords = map[string]string{}
+		}
+		hdr.PAXRecords[paxLiteralKey] = "1"
+	}
 }

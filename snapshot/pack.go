@@ -133,6 +133,7 @@ func (p *packer) walkDir(rel string, st os.FileInfo, forceAll bool) error {
 		hdr.Name = "./"
 	}
 	setPAXXattrs(hdr, xattrs)
+	markLiteral(hdr, rel)
 	fi := infoOf(rel, "dir", hdr, xattrs)
 	if err := p.emit(hdr, fi, nil, forceAll); err != nil {
 		return err
@@ -203,6 +204,7 @@ func (p *packer) walkEntry(rel string, forceAll bool) error {
 	hdr := p.baseHeader(rel, st)
 	hdr.Name = rel
 	setPAXXattrs(hdr, xattrs)
+	markLiteral(hdr, rel)
 	switch {
 	case mode&os.ModeSymlink != 0:
 		target, err := os.Readlink(full)

@@ -453,3 +453,41 @@ func TestPackRefusesOpaqueValueOtherThanY(t *testing.T) {
 		t.Errorf("opaque=y: %v", err)
 	}
 }
+
+// TestFilesNamedLikeWhiteouts (sandbox review): a file or directory a
+// sandbox names ".wh.<x>" or ".wh..wh..opq" is packed as itself and applied
+// back as itself, in both modes, never read as a whiteout that would hide
+// the image's copy of <x> (or all of a directory).
+func TestFilesNamedLikeWhiteouts(t *testing.T) {
+	src := t.TempDir()
+	mkdir(t, filepath.Join(src, "usr"))
+	mkdir(t, filepath.Join(src, ".wh.dir"))
+	for name, body := range map[string]string{
+		"usr/.wh..wh..opq":  "opaque?",
+		".wh.opt":           "whiteout?",
+		".wh.dir/.wh.inner": "both",
+	} {
+		if err := os.WriteFile(filepath.Join(src, name), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	layer, _ := packDir(t, src, PackOptions{Compression: None})
+	for _, mode := range []Mode{ModeUpper, ModeTree} {
+		target := filepath.Join(t.TempDir(), "t")
+		if _, err := Unpack(context.Background(), bytes.NewReader(layer), target, ApplyOptions{Mode: mode}); err != nil {
+			t.Fatalf("mode %v: %v", mode, err)
+		}
+		for name, body := range map[string]string{"usr/.wh..wh..opq": "opaque?", ".wh.opt": "whiteout?", ".wh.dir/.wh.inner": "both"} {
+			if b, err := os.ReadFile(filepath.Join(target, name)); err != nil || string(b) != body {
+				t.Errorf("mode %v: %s = %q, %v; want the file back", mode, name, b, err)
+			}
+		}
+		if _, err := os.Lstat(filepath.Join(target, "opt")); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("mode %v: a whiteout for opt was made: %v", mode, err)
+		}
+		var opq [1]byte
+		if n, _ := unix.Lgetxattr(filepath.Join(target, "usr"), "trusted.overlay.opaque", opq[:]); n > 0 {
+			t.Errorf("mode %v: usr was made opaque", mode)
+		}
+	}
+}

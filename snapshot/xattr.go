@@ -17,6 +17,7 @@ const (
 	xattrCapable   = "security.capability"
 	overlayPrefix  = "trusted.overlay."
 	paxRemovedKey  = "SANDGATE.removed" // a delta whiteout: "gone since the base", not "hide the image's copy"
+	paxLiteralKey  = "SANDGATE.literal" // a file named .wh.*, not a whiteout
 	maxXattrValue  = 64 << 10
 	maxXattrsEntry = 256
 )
