@@ -2,7 +2,6 @@ package relay
 
 import (
 	"bufio"
-	"bytes"
 	"compress/gzip"
 	"context"
 	"crypto/tls"
@@ -25,29 +24,13 @@ import (
 	"github.com/sandgate/sandgate/netpolicy"
 	"github.com/sandgate/sandgate/relay/audit"
 	"github.com/sandgate/sandgate/transforms"
+
+	"github.com/sandgate/sandgate/internal/syncbuf"
 )
 
 // canary is a secret that must reach the upstream and appear in no log,
 // audit event, error or response the sandbox sees.
 const canary = "sk-canary-7Hq2ZpX9vLrT4mNw"
-
-// syncBuffer is a bytes.Buffer safe for the proxy's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // env is a proxy on loopback with its DNS server, CA and upstreams.
 type env struct {
@@ -59,7 +42,7 @@ type env struct {
 	sb      *Sandbox
 	addr    string // proxy listen address
 	rings   *audit.Rings
-	log     *syncBuffer        // audit JSON lines and operational logs
+	log     *syncbuf.Buffer    // audit JSON lines and operational logs
 	stop    context.CancelFunc // ends Serve's context (a graceful stop)
 	served  chan struct{}      // closed when Serve returned
 }
@@ -72,7 +55,7 @@ func newEnv(t *testing.T, policy string, rules string, opts ...envOpt) *env {
 
 func newEnvTB(t testing.TB, policy string, rules string, opts ...envOpt) *env {
 	t.Helper()
-	e := &env{t: t, dns: dnstest.Start(t), ca: tlstest.MustCA(t), rings: audit.NewRings(100), log: &syncBuffer{}}
+	e := &env{t: t, dns: dnstest.Start(t), ca: tlstest.MustCA(t), rings: audit.NewRings(100), log: &syncbuf.Buffer{}}
 	res, err := netpolicy.NewDNSResolver(netpolicy.ResolverConfig{Servers: []string{e.dns.Addr}, Timeout: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)

@@ -5,54 +5,29 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/sandgate/sandgate/relay/audit"
 	"github.com/sandgate/sandgate/transforms"
 	"github.com/sandgate/sandgate/transforms/wasm"
+
+	"github.com/sandgate/sandgate/internal/gobuild"
 )
 
-// The probe guest (transforms/wasm/testdata/probe) is built once per test
-// run; its config is a script of ABI calls whose results come back as
-// audit notes.
-var probeBuild struct {
-	once sync.Once
-	dir  string
-	bin  []byte
-	err  error
-}
-
+// probeWasm is the probe guest (transforms/wasm/testdata/probe), built
+// once per test run; its config is a script of ABI calls whose results come
+// back as audit notes.
 func probeWasm(t *testing.T) []byte {
 	t.Helper()
-	probeBuild.once.Do(func() {
-		dir, err := os.MkdirTemp("", "sandgate-relay-wasm-")
-		if err != nil {
-			probeBuild.err = err
-			return
-		}
-		probeBuild.dir = dir
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-		defer cancel()
-		out := filepath.Join(dir, "probe.wasm")
-		cmd := exec.CommandContext(ctx, "go", "build", "-buildmode=c-shared", "-o", out, "../transforms/wasm/testdata/probe")
-		cmd.Env = append(os.Environ(), "GOOS=wasip1", "GOARCH=wasm", "CGO_ENABLED=0")
-		if b, err := cmd.CombinedOutput(); err != nil {
-			probeBuild.err = err
-			probeBuild.bin = b
-			return
-		}
-		probeBuild.bin, probeBuild.err = os.ReadFile(out)
-	})
-	if probeBuild.err != nil {
-		t.Fatalf("building the probe guest: %v\n%s", probeBuild.err, probeBuild.bin)
+	bin, err := os.ReadFile(gobuild.Wasm(t, "github.com/sandgate/sandgate/transforms/wasm/testdata/probe"))
+	if err != nil {
+		t.Fatal(err)
 	}
-	return probeBuild.bin
+	return bin
 }
 
 // wasmRuntime is one runtime per test, closed when it ends.

@@ -26,14 +26,17 @@ import (
 
 	"github.com/sandgate/sandgate/internal/dnstest"
 	"github.com/sandgate/sandgate/internal/tlstest"
+
+	"github.com/sandgate/sandgate/internal/gobuild"
+	"github.com/sandgate/sandgate/internal/syncbuf"
 )
 
 // upstreamHost is the name every test routes to.
 const upstreamHost = "api.example.com"
 
-// buildDir holds the binaries built for this run: the sandgate binary, the
-// modules, and the module compilation cache the proxies share.
-var buildDir string
+// cacheDir holds the module compilation cache the proxies of this run
+// share (the binary and modules are built by internal/gobuild).
+var cacheDir string
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "wasm-examples")
@@ -41,9 +44,10 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	buildDir = dir
+	cacheDir = dir
 	code := m.Run()
 	os.RemoveAll(dir)
+	gobuild.Cleanup()
 	os.Exit(code)
 }
 
@@ -56,37 +60,11 @@ func skipUnlessE2E(t *testing.T) {
 	}
 }
 
-var sandgateBinary = sync.OnceValues(func() (string, error) {
-	bin := filepath.Join(buildDir, "sandgate")
-	out, err := exec.Command("go", "build", "-o", bin, "github.com/sandgate/sandgate/cmd/sandgate").CombinedOutput()
-	if err != nil {
-		return "", fmt.Errorf("go build ./cmd/sandgate: %v\n%s", err, out)
-	}
-	return bin, nil
-})
-
-var (
-	modulesMu sync.Mutex
-	modules   = map[string]string{} // package dir → built .wasm
-)
-
 // buildModule builds the module in dir (relative to wasm-examples) once per
 // run, exactly as build.sh and the READMEs say, and returns its path.
 func buildModule(t *testing.T, dir string) string {
 	t.Helper()
-	modulesMu.Lock()
-	defer modulesMu.Unlock()
-	if p, ok := modules[dir]; ok {
-		return p
-	}
-	out := filepath.Join(buildDir, strings.ReplaceAll(dir, "/", "_")+".wasm")
-	cmd := exec.Command("go", "build", "-buildmode=c-shared", "-o", out, "./"+dir)
-	cmd.Env = append(os.Environ(), "GOOS=wasip1", "GOARCH=wasm")
-	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("GOOS=wasip1 GOARCH=wasm go build -buildmode=c-shared ./%s: %v\n%s", dir, err, b)
-	}
-	modules[dir] = out
-	return out
+	return gobuild.Wasm(t, "./"+dir)
 }
 
 // config reads an example's config.txt as the proxy flag takes it: inline,
@@ -121,29 +99,11 @@ type env struct {
 	proxy    string // host:port of the proxy
 	auditLog string
 	cmd      *exec.Cmd
-	logs     *lockedBuffer
+	logs     *syncbuf.Buffer
 	exited   chan error
 
 	mu   sync.Mutex
 	seen []echo // what the upstream received, in order
-}
-
-// lockedBuffer collects the proxy's stderr while tests read it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // startProxy starts `sandgate proxy` with the given --transform-module
@@ -162,11 +122,8 @@ func startProxy(t *testing.T, mods ...string) *env {
 func launch(t *testing.T, mods ...string) (*env, error) {
 	t.Helper()
 	skipUnlessE2E(t)
-	bin, err := sandgateBinary()
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := &env{logs: &lockedBuffer{}, exited: make(chan error, 1)}
+	bin := gobuild.Sandgate(t)
+	e := &env{logs: &syncbuf.Buffer{}, exited: make(chan error, 1)}
 	d := dnstest.Start(t)
 	ca := tlstest.MustCA(t)
 	srv := ca.Server(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -200,7 +157,7 @@ func launch(t *testing.T, mods ...string) (*env, error) {
 	e.cmd = exec.Command(bin, args...)
 	// The proxies of one run share a module compilation cache, kept out of
 	// the user's own cache directory.
-	e.cmd.Env = append(os.Environ(), "XDG_CACHE_HOME="+filepath.Join(buildDir, "cache"))
+	e.cmd.Env = append(os.Environ(), "XDG_CACHE_HOME="+cacheDir)
 	stderr, err := e.cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -659,7 +616,7 @@ func TestGuestLibraryProbe(t *testing.T) {
 	}
 
 	evs := e.stop(t)
-	if got := notes(eventFor(t, evs, "/probe/echo")); len(got) != 1 || !strings.HasPrefix(got[0], "testdata_probe: probe saw ") {
+	if got := notes(eventFor(t, evs, "/probe/echo")); len(got) != 1 || !strings.HasPrefix(got[0], "probe: probe saw ") {
 		t.Errorf("audit_note: the event's notes are %q, want the probe's one note", got)
 	}
 	if !strings.Contains(e.logs.String(), "probe: request rewritten") {

@@ -9,37 +9,19 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sandgate/sandgate/internal/syncbuf"
+
+	"github.com/sandgate/sandgate/internal/gobuild"
 )
 
-var (
-	buildOnce sync.Once
-	binDir    string
-	binPath   string
-	buildErr  error
-)
-
-// sandgateBinary builds ./cmd/sandgate once into a temporary directory.
+// sandgateBinary builds ./cmd/sandgate once per test run.
 func sandgateBinary(t *testing.T) string {
 	t.Helper()
-	buildOnce.Do(func() {
-		binDir, buildErr = os.MkdirTemp("", "sandgate-agent-bin")
-		if buildErr != nil {
-			return
-		}
-		binPath = filepath.Join(binDir, "sandgate")
-		cmd := exec.Command("go", "build", "-o", binPath, "../../cmd/sandgate")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("go build ./cmd/sandgate: %v\n%s", err, out)
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	return binPath
+	return gobuild.Sandgate(t)
 }
 
 // agentProcess is `sandgate agent` running as a process, its stdio the
@@ -47,7 +29,7 @@ func sandgateBinary(t *testing.T) string {
 type agentProcess struct {
 	c      *Client
 	cmd    *exec.Cmd
-	stderr *syncBuf
+	stderr *syncbuf.Buffer
 	exited chan error
 }
 
@@ -63,7 +45,7 @@ func startAgentProcess(t *testing.T) *agentProcess {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := &agentProcess{stderr: &syncBuf{}, exited: make(chan error, 1)}
+	a := &agentProcess{stderr: &syncbuf.Buffer{}, exited: make(chan error, 1)}
 	a.cmd = exec.Command(bin, "agent")
 	a.cmd.Stdin, a.cmd.Stdout, a.cmd.Stderr = inR, outW, a.stderr
 	a.cmd.Env = []string{"PATH=/usr/bin:/bin", "SECRET_OF_THE_AGENT=must-not-leak"}
@@ -97,7 +79,7 @@ func TestEndToEndProcess(t *testing.T) {
 	if a.c.Info().PID != a.cmd.Process.Pid {
 		t.Errorf("Info().PID = %d, want %d", a.c.Info().PID, a.cmd.Process.Pid)
 	}
-	var out, errOut syncBuf
+	var out, errOut syncbuf.Buffer
 	st, err := a.c.Run(ctx, Cmd{Args: []string{"sh", "-c", "echo hi; echo oops >&2; env | grep -c SECRET_OF_THE_AGENT; exit 7"}, Stdout: &out, Stderr: &errOut})
 	if err != nil || st.Code != 7 || out.String() != "hi\n0\n" || errOut.String() != "oops\n" {
 		t.Errorf("Run = %v %v, stdout %q, stderr %q", st, err, out.String(), errOut.String())

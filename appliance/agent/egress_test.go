@@ -22,6 +22,8 @@ import (
 	"github.com/sandgate/sandgate/netpolicy"
 	"github.com/sandgate/sandgate/relay"
 	"github.com/sandgate/sandgate/relay/audit"
+
+	"github.com/sandgate/sandgate/internal/syncbuf"
 )
 
 // egressEnv is a real relay.Proxy on loopback (its own DNS server, a CA and
@@ -150,7 +152,7 @@ func TestEgressCurl(t *testing.T) {
 		t.Fatal(err)
 	}
 	run := func(script string) (string, string, ExitStatus) {
-		var out, errOut syncBuf
+		var out, errOut syncbuf.Buffer
 		st, err := e.l.c.Run(testCtx(t), Cmd{Args: []string{"sh", "-c", script}, Env: []string{"CA=" + ca}, Stdout: &out, Stderr: &errOut})
 		if err != nil {
 			t.Fatal(err)

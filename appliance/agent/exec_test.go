@@ -13,12 +13,14 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sandgate/sandgate/internal/syncbuf"
 )
 
 func TestRunOutputAndExitCode(t *testing.T) {
 	for _, kind := range []transport{netPipe, osPipes} {
 		l := startLinkOver(t, kind, ClientOptions{}, nil)
-		var out, errOut syncBuf
+		var out, errOut syncbuf.Buffer
 		st, err := l.c.Run(testCtx(t), Cmd{Args: []string{"sh", "-c", "echo out; echo err >&2; exit 3"}, Stdout: &out, Stderr: &errOut})
 		if err != nil {
 			t.Fatal(err)
@@ -49,7 +51,7 @@ func TestRunSignalled(t *testing.T) {
 func TestRunStdinAndDir(t *testing.T) {
 	l := startLink(t, ClientOptions{})
 	dir := t.TempDir()
-	var out syncBuf
+	var out syncbuf.Buffer
 	in := strings.Repeat("line of input\n", 10000) // several frames and windows
 	st, err := l.c.Run(testCtx(t), Cmd{Args: []string{"sh", "-c", "pwd; wc -c"}, Dir: dir, Stdin: strings.NewReader(in), Stdout: &out})
 	if err != nil || !st.Success() {
@@ -160,7 +162,7 @@ func TestKillProcessTree(t *testing.T) {
 // what the command wrote before exiting still arrives.
 func TestBackgroundHolderDoesNotHang(t *testing.T) {
 	l := startLink(t, ClientOptions{})
-	var out syncBuf
+	var out syncbuf.Buffer
 	lw := newLineWaiter()
 	st, err := l.c.Run(testCtx(t), Cmd{
 		Args:      []string{"sh", "-c", "sleep 1000 & echo $! >&2; echo done"},
@@ -275,7 +277,7 @@ func TestConcurrentCommands(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			var out syncBuf
+			var out syncbuf.Buffer
 			st, err := l.c.Run(testCtx(t), Cmd{Args: []string{"sh", "-c", "echo $0; exit $0", strconv.Itoa(i)}, Stdout: &out})
 			if err != nil || st.Code != i || out.String() != strconv.Itoa(i)+"\n" {
 				t.Errorf("command %d: %v %v %q", i, st, err, out.String())

@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sandgate/sandgate/internal/gobuild"
 )
 
 // TestMain doubles as the helper programs tests run as commands: the
@@ -28,9 +30,7 @@ func TestMain(m *testing.M) {
 		os.Exit(99)
 	}
 	code := m.Run()
-	if binPath != "" {
-		os.RemoveAll(binDir)
-	}
+	gobuild.Cleanup()
 	os.Exit(code)
 }
 
@@ -163,24 +163,6 @@ func testCtx(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	t.Cleanup(cancel)
 	return ctx
-}
-
-// syncBuf is a bytes.Buffer safe across goroutines.
-type syncBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuf) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // lineWaiter collects output and lets a test wait (bounded) for lines.

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/yamux"
+
+	"github.com/sandgate/sandgate/internal/syncbuf"
 )
 
 func TestDialPort(t *testing.T) {
@@ -65,7 +67,7 @@ func TestEnvExact(t *testing.T) {
 		BaseURLs: map[string]string{"GEMINI_BASE_URL": "https://generativelanguage.googleapis.com", "CUSTOM_BASE_URL": ""},
 	}})
 	relay := "http://" + l.c.Info().RelayAddr
-	var out syncBuf
+	var out syncbuf.Buffer
 	st, err := l.c.Run(testCtx(t), Cmd{Args: []string{"env"}, Stdout: &out, Env: []string{
 		"FOO=bar",
 		"ANTHROPIC_BASE_URL=https://example.com/v1",

@@ -18,6 +18,8 @@ import (
 
 	"github.com/sandgate/sandgate/internal/dnstest"
 	"github.com/sandgate/sandgate/internal/tlstest"
+
+	"github.com/sandgate/sandgate/internal/gobuild"
 )
 
 const canary = "sk-canary-cli-Qm3Vx8RtZ2"
@@ -67,37 +69,14 @@ func TestPolicyCheck(t *testing.T) {
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if binPath != "" {
-		os.RemoveAll(filepath.Dir(binPath))
-	}
+	gobuild.Cleanup()
 	os.Exit(code)
 }
-
-var (
-	buildOnce sync.Once
-	binPath   string
-	buildErr  error
-)
 
 // binary builds sandgate once for the tests that run it as a process.
 func binary(t *testing.T) string {
 	t.Helper()
-	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "sandgate-bin")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		binPath = filepath.Join(dir, "sandgate")
-		out, err := exec.Command("go", "build", "-o", binPath, ".").CombinedOutput()
-		if err != nil {
-			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	return binPath
+	return gobuild.Sandgate(t)
 }
 
 // TestProxyEndToEnd runs `sandgate proxy` as a process with a

@@ -2,7 +2,6 @@ package main
 
 import (
 	"bufio"
-	"context"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -10,39 +9,20 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/sandgate/sandgate/internal/dnstest"
 	"github.com/sandgate/sandgate/internal/tlstest"
+
+	"github.com/sandgate/sandgate/internal/gobuild"
 )
 
-var probeOnce struct {
-	sync.Once
-	path string
-	err  error
-	out  []byte
-}
-
 // probeGuest builds the host tests' probe guest (a script-driven http-wasm
-// module) once, next to the sandgate binary the tests build (TestMain
-// removes that directory).
+// module) once per test run.
 func probeGuest(t *testing.T) string {
 	t.Helper()
-	dir := filepath.Dir(binary(t))
-	probeOnce.Do(func() {
-		probeOnce.path = filepath.Join(dir, "probe.wasm")
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-		defer cancel()
-		cmd := exec.CommandContext(ctx, "go", "build", "-buildmode=c-shared", "-o", probeOnce.path, "../../transforms/wasm/testdata/probe")
-		cmd.Env = append(os.Environ(), "GOOS=wasip1", "GOARCH=wasm", "CGO_ENABLED=0")
-		probeOnce.out, probeOnce.err = cmd.CombinedOutput()
-	})
-	if probeOnce.err != nil {
-		t.Fatalf("building the probe guest: %v\n%s", probeOnce.err, probeOnce.out)
-	}
-	return probeOnce.path
+	return gobuild.Wasm(t, "github.com/sandgate/sandgate/transforms/wasm/testdata/probe")
 }
 
 func TestWasmCheck(t *testing.T) {

@@ -44,8 +44,11 @@ func Wasm(t testing.TB, pkg string) string {
 		}
 		pkg = abs
 	}
-	name := strings.NewReplacer("/", "_", ".", "_").Replace(strings.TrimPrefix(pkg, "github.com/sandgate/sandgate/")) + ".wasm"
-	return build(t, pkg, name, []string{"GOOS=wasip1", "GOARCH=wasm"}, []string{"-buildmode=c-shared"})
+	// A module is named after its file: keep the package's own name, in a
+	// directory of its own per package.
+	sub := strings.NewReplacer("/", "_", ".", "_").Replace(strings.TrimPrefix(pkg, "github.com/sandgate/sandgate/"))
+	name := filepath.Join(sub, filepath.Base(pkg)+".wasm")
+	return build(t, pkg, name, []string{"GOOS=wasip1", "GOARCH=wasm", "CGO_ENABLED=0"}, []string{"-buildmode=c-shared"})
 }
 
 func build(t testing.TB, pkg, name string, env, flags []string) string {
@@ -67,6 +70,9 @@ func build(t testing.TB, pkg, name string, env, flags []string) string {
 			return
 		}
 		r.path = filepath.Join(d, name)
+		if r.err = os.MkdirAll(filepath.Dir(r.path), 0o755); r.err != nil {
+			return
+		}
 		args := append([]string{"build", "-o", r.path}, flags...)
 		cmd := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), append(args, pkg)...)
 		cmd.Env = append(os.Environ(), env...)

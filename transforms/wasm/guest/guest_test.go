@@ -7,14 +7,14 @@ import (
 	"fmt"
 	"maps"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 
 	"github.com/tetratelabs/wazero"
 	"github.com/tetratelabs/wazero/api"
+
+	"github.com/sandgate/sandgate/internal/gobuild"
 )
 
 // abi lists every function of the http-wasm handler ABI's host module
@@ -68,13 +68,7 @@ func compile(t *testing.T, name string) module {
 	if testing.Short() {
 		t.Skip("builds a wasm module with the Go toolchain; skipped in -short mode")
 	}
-	out := filepath.Join(t.TempDir(), name+".wasm")
-	cmd := exec.Command("go", "build", "-buildmode=c-shared", "-o", out, "./testdata/"+name)
-	cmd.Env = append(os.Environ(), "GOOS=wasip1", "GOARCH=wasm")
-	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("GOOS=wasip1 GOARCH=wasm go build ./testdata/%s: %v\n%s", name, err, b)
-	}
-	bin, err := os.ReadFile(out)
+	bin, err := os.ReadFile(gobuild.Wasm(t, "./testdata/"+name))
 	if err != nil {
 		t.Fatal(err)
 	}
