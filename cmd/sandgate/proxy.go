@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"runtime"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -84,6 +85,7 @@ func runProxy(c *cli.Context) error {
 		for _, m := range modules.Modules() {
 			logger.Info("transform module loaded", "module", m.Name(), "features", m.Features().String())
 		}
+		wasmHeadroom(rt.Config().MaxConcurrentCalls, logger)
 	}
 	auditOut, closeAudit, err := openAuditLog(c.String("audit-log"), c.App.Writer)
 	if err != nil {
@@ -144,6 +146,26 @@ func runProxy(c *cli.Context) error {
 	}
 	logger.Info("proxy stopped")
 	return nil
+}
+
+// wasmHeadroom gives the process calls more Ps (GOMAXPROCS) than it has
+// cores. A module's code cannot be preempted by the Go scheduler, so a
+// module that loops holds its P until its deadline closes it; with as
+// many Ps as cores, a few looping requests hold every P and everything
+// else (other requests, the timers that end the loops) waits. The runtime
+// caps running calls at calls (MaxConcurrentCalls), so with that many
+// extra Ps looping modules never hold every P, and the kernel shares the
+// cores between their threads and the rest. An explicit GOMAXPROCS in the
+// environment is left alone.
+func wasmHeadroom(calls int, logger *slog.Logger) {
+	base := runtime.GOMAXPROCS(0)
+	if v, ok := os.LookupEnv("GOMAXPROCS"); ok {
+		logger.Info("GOMAXPROCS is set in the environment; not adding headroom for transform module calls", "gomaxprocs", base, "env", v, "max_concurrent_calls", calls)
+		return
+	}
+	runtime.GOMAXPROCS(base + calls)
+	logger.Info("GOMAXPROCS raised so that transform module calls, which the Go scheduler cannot preempt, never hold every P",
+		"gomaxprocs", base+calls, "was", base, "max_concurrent_calls", calls)
 }
 
 func serveMetrics(ctx context.Context, ln net.Listener, reg *prometheus.Registry, logger *slog.Logger) {

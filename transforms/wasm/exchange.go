@@ -174,7 +174,7 @@ func (x *Exchange) handleRequest(ctx context.Context, m *Module) error {
 	ctxNext := uint64(1)
 	if m.hasRequest {
 		if ctxNext, err = m.call(ctx, inst, inst.handleRequest, st, exportHandleRequest); err != nil {
-			m.discard(inst)
+			m.put(inst)
 			return err
 		}
 	}
@@ -327,7 +327,7 @@ func (x *Exchange) HandleResponse(ctx context.Context, resp *http.Response) erro
 		h.done = true
 		st := &callState{m: h.m, inst: h.inst, x: x, phase: phaseResponse, features: h.features}
 		if _, err := h.m.call(ctx, h.inst, h.inst.handleResponse, st, exportHandleResponse, uint64(h.reqCtx), 0); err != nil {
-			h.m.discard(h.inst)
+			h.m.put(h.inst)
 			return err
 		}
 		h.m.put(h.inst)
@@ -367,7 +367,7 @@ func (x *Exchange) Close() {
 		h.done = true
 		st := &callState{m: h.m, inst: h.inst, x: x, phase: phaseResponse, features: h.features, frozen: true}
 		if _, err := h.m.call(context.Background(), h.inst, h.inst.handleResponse, st, exportHandleResponse, uint64(h.reqCtx), 1); err != nil {
-			h.m.discard(h.inst)
+			h.m.put(h.inst)
 			continue
 		}
 		h.m.put(h.inst)

@@ -56,6 +56,12 @@ type instance struct {
 	features       Features
 	stderr         headBuffer
 	stack          [2]uint64
+	// cc is the context of every call into the instance; the runtime's
+	// watchdog closes its Done channel to stop a call.
+	cc *callCtx
+	// broken is set when the instance failed or was stopped: put closes it
+	// instead of pooling it.
+	broken bool
 }
 
 // LoadFile loads the module in the file at path, named after the file
@@ -187,7 +193,7 @@ func (m *Module) Close(ctx context.Context) error {
 	m.idle = nil
 	m.mu.Unlock()
 	for _, inst := range idle {
-		inst.mod.Close(ctx)
+		m.closeInstance(inst)
 	}
 	m.rt.uncompile(ctx, m.key)
 	return nil
@@ -225,6 +231,8 @@ func (m *Module) instantiate(ctx context.Context) (*instance, error) {
 		return nil, loadError(m.name, nil, "its start function exited with code 0: it is a command module; build a reactor (Go: GOOS=wasip1 GOARCH=wasm go build -buildmode=c-shared)")
 	}
 	inst.mod = mod
+	inst.cc = newCallCtx()
+	m.rt.wd.add(inst.cc)
 	inst.handleRequest = mod.ExportedFunction(exportHandleRequest)
 	inst.handleResponse = mod.ExportedFunction(exportHandleResponse)
 	return inst, nil
@@ -272,12 +280,14 @@ func (m *Module) borrow(ctx context.Context) (*instance, error) {
 	return inst, nil
 }
 
-// put returns a healthy instance to the pool.
+// put returns an instance to the pool after use, or closes it if it is
+// broken (it failed, or the watchdog stopped it): a broken instance never
+// serves again.
 func (m *Module) put(inst *instance) {
 	m.mu.Lock()
-	if m.done {
+	if m.done || inst.broken {
 		m.mu.Unlock()
-		inst.mod.Close(context.Background())
+		m.closeInstance(inst)
 	} else {
 		m.idle = append(m.idle, inst)
 		m.mu.Unlock()
@@ -285,10 +295,10 @@ func (m *Module) put(inst *instance) {
 	<-m.slots
 }
 
-// discard closes an instance that failed; it never serves again.
-func (m *Module) discard(inst *instance) {
+// closeInstance closes an instance that no call runs on.
+func (m *Module) closeInstance(inst *instance) {
+	m.rt.wd.remove(inst.cc)
 	inst.mod.Close(context.Background())
-	<-m.slots
 }
 
 // Idle returns the number of idle instances in the pool (for tests and
@@ -300,19 +310,40 @@ func (m *Module) Idle() int {
 }
 
 // call runs fn on inst with the module's time limit, st visible to the
-// host functions. An error means the instance is dead (trap, exit, time
-// limit, host trap) and must be discarded; it is returned as an *Error
-// naming the module.
+// host functions. An error fails the request; when the instance is dead
+// (trap, exit, time limit, host trap) call marks it broken, and put then
+// closes it. The error is an *Error naming the module.
+//
+// No context, timer or goroutine is made here: the instance's callCtx is
+// reused and the runtime's watchdog enforces the deadline (see
+// watchdog.go); wazero itself starts one goroutine per call.
 func (m *Module) call(ctx context.Context, inst *instance, fn api.Function, st *callState, what string, params ...uint64) (uint64, error) {
-	cctx, cancel := context.WithTimeout(ctx, m.rt.cfg.CallTimeout)
-	defer cancel()
+	if err := ctx.Err(); err != nil {
+		return 0, &Error{Module: m.name, Status: http.StatusBadGateway, Reason: fmt.Sprintf("wasm module %s: the request ended before %s", m.name, what), Err: context.Cause(ctx)}
+	}
+	if err := m.rt.acquireCall(ctx, m.name); err != nil {
+		return 0, err
+	}
 	inst.stderr.reset()
 	stack := inst.stack[:max(len(params), 1)]
 	copy(stack, params)
-	err := fn.CallWithStack(context.WithValue(cctx, stateKey{}, st), stack)
+	var err error
+	if m.rt.wd.begin(inst.cc, ctx, st, m.rt.cfg.CallTimeout) {
+		err = fn.CallWithStack(inst.cc, stack)
+	} else {
+		err = inst.cc.Err() // cannot happen: a stopped instance is never reused
+	}
+	stopped := m.rt.wd.end(inst.cc)
+	m.rt.releaseCall()
+	if stopped {
+		// Stopped by the watchdog, maybe just after the guest returned:
+		// its result stands, but wazero may close the module any moment.
+		inst.broken = true
+	}
 	if err == nil {
 		return stack[0], nil
 	}
+	inst.broken = true
 	return 0, m.describe(err, inst, what)
 }
 

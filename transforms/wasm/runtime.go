@@ -29,8 +29,19 @@ type Config struct {
 	MemoryLimitPages uint32
 	// CallTimeout bounds each call into a guest (handle_request,
 	// handle_response); default 100ms. A guest still running then is closed
-	// (wazero's WithCloseOnContextDone) and its request fails.
+	// (wazero's WithCloseOnContextDone) and its request fails. The
+	// runtime's watchdog enforces it within a tenth of it (at most 10ms
+	// late), without arming a timer per call.
 	CallTimeout time.Duration
+	// MaxConcurrentCalls caps the calls into guests running at once, all
+	// modules together; default 2×GOMAXPROCS, at least 4. A guest's code
+	// cannot be preempted by the Go scheduler, so each running call holds
+	// a P (a slot of GOMAXPROCS) until it returns or its deadline closes
+	// it: the cap bounds how many Ps guests that loop can hold. Give the
+	// process that many Ps more than it has cores (`sandgate proxy` does)
+	// and looping guests never hold every P. A call waits for a slot,
+	// bounded by its request's context and PoolWait (then 503).
+	MaxConcurrentCalls int
 	// StartTimeout bounds instantiating a guest (its _initialize); default 5s.
 	StartTimeout time.Duration
 	// PoolSize caps the instances of one module alive at once (in use or
@@ -67,6 +78,9 @@ func (c Config) withDefaults() Config {
 	if c.PoolSize <= 0 {
 		c.PoolSize = max(4, 2*runtime.GOMAXPROCS(0))
 	}
+	if c.MaxConcurrentCalls <= 0 {
+		c.MaxConcurrentCalls = max(4, 2*runtime.GOMAXPROCS(0))
+	}
 	if c.PoolWait <= 0 {
 		c.PoolWait = 10 * time.Second
 	}
@@ -98,6 +112,10 @@ type Runtime struct {
 	// hostFuncs are the functions guests may import, by "module.name",
 	// with their signatures.
 	hostFuncs map[string]signature
+	// wd enforces call deadlines; callSlots holds one token per running
+	// call (MaxConcurrentCalls).
+	wd        *watchdog
+	callSlots chan struct{}
 
 	mu       sync.Mutex
 	compiled map[[32]byte]*compiledEntry
@@ -130,7 +148,8 @@ func NewRuntime(ctx context.Context, cfg Config) (*Runtime, error) {
 		}
 		rc = rc.WithCompilationCache(cache)
 	}
-	r := &Runtime{cfg: cfg, wr: wazero.NewRuntimeWithConfig(ctx, rc), cache: cache, compiled: map[[32]byte]*compiledEntry{}}
+	r := &Runtime{cfg: cfg, wr: wazero.NewRuntimeWithConfig(ctx, rc), cache: cache, compiled: map[[32]byte]*compiledEntry{},
+		wd: newWatchdog(cfg.CallTimeout), callSlots: make(chan struct{}, cfg.MaxConcurrentCalls)}
 	if _, err := wasi_snapshot_preview1.Instantiate(ctx, r.wr); err != nil {
 		r.Close(ctx)
 		return nil, fmt.Errorf("wasm: instantiating WASI: %w", err)
@@ -172,6 +191,7 @@ func (r *Runtime) Close(ctx context.Context) error {
 	r.mu.Lock()
 	r.closed = true
 	r.mu.Unlock()
+	r.wd.close()
 	err := r.wr.Close(ctx)
 	if r.cache != nil {
 		err = errors.Join(err, r.cache.Close(ctx))
