@@ -37,6 +37,19 @@ func Sandgate(t testing.TB) string {
 // GOARCH=wasm -buildmode=c-shared), the form sandgate loads.
 func Wasm(t testing.TB, pkg string) string {
 	t.Helper()
+	return wasm(t, pkg, []string{"-buildmode=c-shared"}, ".wasm")
+}
+
+// WasmCommand returns pkg built as a WebAssembly command module (the Go
+// default: its start function runs main and exits), which sandgate must
+// refuse.
+func WasmCommand(t testing.TB, pkg string) string {
+	t.Helper()
+	return wasm(t, pkg, nil, ".command.wasm")
+}
+
+func wasm(t testing.TB, pkg string, flags []string, suffix string) string {
+	t.Helper()
 	if !strings.HasPrefix(pkg, "github.com/") {
 		abs, err := filepath.Abs(pkg)
 		if err != nil {
@@ -47,13 +60,13 @@ func Wasm(t testing.TB, pkg string) string {
 	// A module is named after its file: keep the package's own name, in a
 	// directory of its own per package.
 	sub := strings.NewReplacer("/", "_", ".", "_").Replace(strings.TrimPrefix(pkg, "github.com/sandgate/sandgate/"))
-	name := filepath.Join(sub, filepath.Base(pkg)+".wasm")
-	return build(t, pkg, name, []string{"GOOS=wasip1", "GOARCH=wasm", "CGO_ENABLED=0"}, []string{"-buildmode=c-shared"})
+	name := filepath.Join(sub, filepath.Base(pkg)+suffix)
+	return build(t, pkg, name, []string{"GOOS=wasip1", "GOARCH=wasm", "CGO_ENABLED=0"}, flags)
 }
 
 func build(t testing.TB, pkg, name string, env, flags []string) string {
 	t.Helper()
-	key := pkg + "\x00" + strings.Join(env, " ")
+	key := pkg + "\x00" + strings.Join(env, " ") + "\x00" + strings.Join(flags, " ")
 	mu.Lock()
 	o := once[key]
 	if o == nil {

@@ -8,6 +8,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/sandgate/sandgate/internal/syncbuf"
 )
 
 // notesHave fails unless every want is one of the notes (without the
@@ -375,7 +377,7 @@ func TestAuditNoteCaps(t *testing.T) {
 }
 
 func TestLogAndLogEnabled(t *testing.T) {
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	r := newRuntime(t, Config{Logger: jsonLogger(&logs)})
 	m := probe(t, r, "req logenabled -1", "req logenabled 3", "req log 1 hello%20host", "req log 3 never")
 	notesHave(t, mustRun(t, outbound(t, "GET", "/", ""), m), "log_enabled(-1)=1", "log_enabled(3)=0")

@@ -1,76 +1,36 @@
 package wasm
 
 import (
-	"bytes"
 	"context"
 	"io"
 	"log/slog"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
-	"sync"
 	"testing"
-	"time"
-)
 
-// Test guests are Go programs under testdata/, built once per test run with
-// the Go toolchain into a temporary directory removed by TestMain.
-var guests struct {
-	mu   sync.Mutex
-	dir  string
-	bins map[string][]byte
-}
+	"github.com/sandgate/sandgate/internal/gobuild"
+)
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if guests.dir != "" {
-		os.RemoveAll(guests.dir)
-	}
+	gobuild.Cleanup()
 	os.Exit(code)
 }
 
-func goTool() string {
-	if p, err := exec.LookPath("go"); err == nil {
-		return p
-	}
-	return filepath.Join(runtime.GOROOT(), "bin", "go")
-}
-
-// guest returns the wasm of testdata/<name>, built as a reactor.
+// guest returns the wasm of testdata/<name>, a Go program built once per
+// test run as a reactor ("command" as a command module).
 func guest(t testing.TB, name string) []byte {
 	t.Helper()
-	guests.mu.Lock()
-	defer guests.mu.Unlock()
-	if b, ok := guests.bins[name]; ok {
-		return b
-	}
-	if guests.dir == "" {
-		dir, err := os.MkdirTemp("", "sandgate-wasm-guests-")
-		if err != nil {
-			t.Fatal(err)
-		}
-		guests.dir, guests.bins = dir, map[string][]byte{}
-	}
-	out := filepath.Join(guests.dir, name+".wasm")
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	args := []string{"build", "-buildmode=c-shared", "-o", out, "./testdata/" + name}
+	build := gobuild.Wasm
 	if name == "command" {
-		args = []string{"build", "-o", out, "./testdata/" + name}
+		build = gobuild.WasmCommand
 	}
-	cmd := exec.CommandContext(ctx, goTool(), args...)
-	cmd.Env = append(os.Environ(), "GOOS=wasip1", "GOARCH=wasm", "CGO_ENABLED=0")
-	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("building test guest %s: %v\n%s", name, err, b)
-	}
-	b, err := os.ReadFile(out)
+	b, err := os.ReadFile(build(t, "./testdata/"+name))
 	if err != nil {
 		t.Fatal(err)
 	}
-	guests.bins[name] = b
 	return b
 }
 
@@ -138,24 +98,6 @@ func mustRun(t testing.TB, req *http.Request, mods ...*Module) []string {
 		t.Fatal(err)
 	}
 	return x.Notes()
-}
-
-// syncBuffer is a log destination safe for concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 func jsonLogger(w io.Writer) *slog.Logger {
