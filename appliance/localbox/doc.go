@@ -16,9 +16,12 @@
 // Callers hand the init their stdin, stdout and stderr as file descriptors
 // over ctl.sock (SCM_RIGHTS): bytes never pass through sandgate.
 //
-// The init is the same binary re-executed with a marker in its environment:
-// a program that uses this package calls IsInit and InitMain first thing in
-// main (and in TestMain), before anything else runs.
+// The init is not dumpable and holds no host file: a monitor process on the
+// host (its parent, invisible from inside) keeps init.log and writes
+// stopped.json when the init reports a stop. Both are the same binary
+// re-executed with a marker in its environment: a program that uses this
+// package calls IsInit and InitMain first thing in main (and in TestMain),
+// before anything else runs.
 //
 // Every mount lives in the sandbox's mount namespace, so when its last
 // process dies they go with it; a crashed host leaves only the directory

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"net"
 	"os"
@@ -20,27 +21,40 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// The init is this binary re-executed with initEnv set: "1" for the first
-// stage (joins the cgroup namespace, then re-executes itself), "2" for the
-// init proper.
+// The monitor and the init are this binary re-executed with initEnv set:
+// "0" for the monitor (on the host, the init's parent), "1" for the init's
+// first stage (joins the cgroup namespace, then re-executes itself), "2"
+// for the init proper.
 const (
 	initEnv = "_SANDGATE_LOCALBOX_INIT"
 	dirEnv  = "_SANDGATE_LOCALBOX_DIR"
-	// Descriptors the creating process hands the init.
-	syncFD     = 3 // SOCK_SEQPACKET: "go" in, "ok" or an error out
+	// Descriptors a stage hands the next. linkFD is a SOCK_SEQPACKET
+	// link: creator ↔ monitor in the monitor, monitor ↔ init in the init
+	// ("go" in, "ok" or an error out, then "stopped <code>" from the init
+	// and "ok" back once stopped.json is written).
+	linkFD     = 3
 	listenerFD = 4 // the bound ctl.sock listener
 )
 
-// IsInit reports whether this process is a sandbox's init, re-executed by
-// Run or Fork. A program that uses this package must then call InitMain
-// before doing anything else (before parsing its command line).
+// runtimeEnv keeps the Go runtime of the monitor and the init from opening
+// the host's cgroup CPU files: since Go 1.25 it holds them open for the
+// life of the process to track GOMAXPROCS, and a descriptor the init holds
+// is one more host file a sandbox could reach.
+const runtimeEnv = "GODEBUG=containermaxprocs=0,updatemaxprocs=0"
+
+// IsInit reports whether this process is a sandbox's monitor or init,
+// re-executed by Run or Fork. A program that uses this package must then
+// call InitMain before doing anything else (before parsing its command
+// line).
 func IsInit() bool { return os.Getenv(initEnv) != "" }
 
-// InitMain runs a sandbox's init and never returns. Call it only when
-// IsInit is true.
+// InitMain runs a sandbox's monitor or init and never returns. Call it
+// only when IsInit is true.
 func InitMain() {
 	var err error
 	switch os.Getenv(initEnv) {
+	case "0":
+		err = monitorMain()
 	case "1":
 		err = stage1()
 	case "2":
@@ -50,8 +64,49 @@ func InitMain() {
 	}
 	msg := "error: " + err.Error()
 	fmt.Fprintf(os.Stderr, "sandgate sandbox init: %v\n", err)
-	_, _ = unix.Write(syncFD, []byte(msg))
+	_ = sendLink(linkFD, msg)
 	os.Exit(1)
+}
+
+// sendLink writes one message on a link without raising SIGPIPE when the
+// other side is gone.
+func sendLink(fd int, msg string) error {
+	return unix.Sendto(fd, []byte(msg), unix.MSG_NOSIGNAL, nil)
+}
+
+// readLink reads one message from a link, waiting at most timeout
+// (negative: without bound).
+func readLink(fd int, timeout time.Duration) (string, error) {
+	if timeout >= 0 {
+		pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		for {
+			n, err := unix.Poll(pfd, int(timeout.Milliseconds()))
+			if errors.Is(err, unix.EINTR) {
+				continue
+			}
+			if err != nil {
+				return "", err
+			}
+			if n == 0 {
+				return "", fmt.Errorf("no answer within %v", timeout)
+			}
+			break
+		}
+	}
+	buf := make([]byte, 4096)
+	for {
+		n, err := unix.Read(fd, buf)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return "", err
+		}
+		if n == 0 {
+			return "", io.EOF
+		}
+		return string(buf[:n]), nil
+	}
 }
 
 // stage1 waits until the creating process has moved it into the sandbox's
@@ -60,26 +115,74 @@ func InitMain() {
 // thread makes the whole new image start inside the namespace.
 func stage1() error {
 	runtime.LockOSThread()
+	_ = unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0)
 	keepOnlyOwnFDs()
-	buf := make([]byte, 16)
-	n, err := unix.Read(syncFD, buf)
-	if err != nil || string(buf[:n]) != "go" {
-		return fmt.Errorf("waiting for the go-ahead: %d bytes, %v", n, err)
+	if msg, err := readLink(linkFD, -1); err != nil || msg != "go" {
+		return fmt.Errorf("waiting for the go-ahead: %q, %v", msg, err)
 	}
 	if err := unix.Unshare(unix.CLONE_NEWCGROUP); err != nil {
 		return fmt.Errorf("cgroup namespace: %w", err)
 	}
-	env := []string{initEnv + "=2", dirEnv + "=" + os.Getenv(dirEnv)}
+	env := []string{initEnv + "=2", dirEnv + "=" + os.Getenv(dirEnv), runtimeEnv}
 	return fmt.Errorf("re-exec: %w", syscall.Exec("/proc/self/exe", os.Args, env))
 }
 
+// oomScoreAdj sets the OOM killer's adjustment of process pid ("self" for
+// this one).
+func oomScoreAdj(pid string, v int) error {
+	if err := os.WriteFile("/proc/"+pid+"/oom_score_adj", []byte(strconv.Itoa(v)), 0); err != nil {
+		return fmt.Errorf("oom_score_adj: %w", err)
+	}
+	return nil
+}
+
+// commandOOMScoreAdj makes the init exempt from the OOM killer where the
+// host allows it and returns the oom_score_adj its commands get: 1000 above
+// the init's own, at most 1000.
+func commandOOMScoreAdj() (int, error) {
+	if err := oomScoreAdj("self", -1000); err != nil {
+		if !errors.Is(err, fs.ErrPermission) {
+			return 0, err
+		}
+		fmt.Fprintln(os.Stderr, "sandgate sandbox init: no CAP_SYS_RESOURCE: the init cannot be exempt from the OOM killer; its commands run at oom_score_adj +1000 instead")
+	}
+	b, err := os.ReadFile("/proc/self/oom_score_adj")
+	if err != nil {
+		return 0, fmt.Errorf("oom_score_adj: %w", err)
+	}
+	own, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		return 0, fmt.Errorf("oom_score_adj %q: %w", b, err)
+	}
+	return min(own+1000, 1000), nil
+}
+
 func stage2() error {
+	// Not dumpable, before anything of the sandbox exists: the kernel then
+	// refuses every process without CAP_SYS_PTRACE (all of the sandbox's)
+	// ptrace, /proc/1/task/*/{fd,environ,mem,exe,root,...} of every
+	// thread of the init, including the one dropped to the sandbox's
+	// capabilities. It is per process and only execve resets it, which the
+	// init never calls again; commands become dumpable at their own execve.
+	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
+		return fmt.Errorf("prctl(PR_SET_DUMPABLE): %w", err)
+	}
 	keepOnlyOwnFDs()
-	unix.CloseOnExec(syncFD)
+	unix.CloseOnExec(linkFD)
 	unix.CloseOnExec(listenerFD)
 	dir := os.Getenv(dirEnv)
 	var cfg Config
 	if err := readJSON(filepath.Join(dir, configFile), &cfg); err != nil {
+		return err
+	}
+	// The OOM killer picks the largest process of the sandbox's memory
+	// cgroup, which is the init (a Go program) unless it is told not to.
+	// The init asks to be exempt (-1000); that needs CAP_SYS_RESOURCE, which
+	// some hosts withhold even from root. Either way each command runs
+	// 1000 above the init (see release): 0 beside an exempt init, else
+	// +1000, so that a command is always chosen before the init.
+	cmdAdj, err := commandOOMScoreAdj()
+	if err != nil {
 		return err
 	}
 	// Signals from inside the sandbox reach pid 1 only when it handles
@@ -94,20 +197,23 @@ func stage2() error {
 	sigchld := make(chan os.Signal, 1)
 	signal.Notify(sigchld, unix.SIGCHLD)
 
-	state, err := os.OpenRoot(dir) // kept: the init writes stopped.json through it after pivot_root
-	if err != nil {
-		return err
-	}
 	unix.Umask(0)
 	if err := setupRoot(dir, &cfg); err != nil {
 		return err
 	}
 	unix.Umask(0o022)
+	// fd 0 was the host's /dev/null: the sandbox's own replaces it. fds 1
+	// and 2 are a pipe to the monitor, which appends to init.log: the init
+	// holds no host file once its root is the sandbox's.
+	if null, err := unix.Open("/dev/null", unix.O_RDWR|unix.O_CLOEXEC, 0); err == nil {
+		_ = unix.Dup3(null, 0, 0)
+		unix.Close(null)
+	}
 	policy, _, err := SeccompPolicy(Capabilities)
 	if err != nil {
 		return fmt.Errorf("seccomp profile: %w", err)
 	}
-	s := &server{state: state, procs: map[int]*proc{}, spawn: make(chan *spawnReq)}
+	s := &server{procs: map[int]*proc{}, spawn: make(chan *spawnReq), oomAdj: cmdAdj}
 	ready := make(chan error, 1)
 	go s.forker(ready, func() error {
 		if err := dropCapabilities(); err != nil {
@@ -125,10 +231,9 @@ func stage2() error {
 		return fmt.Errorf("control socket: %w", err)
 	}
 	go s.reap(sigchld)
-	if _, err := unix.Write(syncFD, []byte("ok")); err != nil {
+	if err := sendLink(linkFD, "ok"); err != nil {
 		return err
 	}
-	unix.Close(syncFD)
 	for {
 		c, err := ln.(*net.UnixListener).AcceptUnix()
 		if err != nil {
@@ -267,13 +372,13 @@ func setupRoot(dir string, cfg *Config) error {
 	if err := r.mount("proc", "proc", "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
 		return err
 	}
-	if err := setupDev(r); err != nil {
+	if err := setupDev(r, cfg.shmSize()); err != nil {
 		return err
 	}
 	if err := r.mount("sysfs", "sys", "sysfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
 		return err
 	}
-	if err := r.mount("tmpfs", "tmp", "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=1777"); err != nil {
+	if err := r.mount("tmpfs", "tmp", "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=1777,size="+strconv.FormatInt(cfg.tmpSize(), 10)); err != nil {
 		return err
 	}
 	// Hide the state directory (every sandbox's upper and control socket)
@@ -291,7 +396,15 @@ func setupRoot(dir string, cfg *Config) error {
 		if m.ReadOnly {
 			attr |= unix.MOUNT_ATTR_RDONLY
 		}
-		if err := r.bind(m.Source, m.Destination, attr); err != nil {
+		// Checked again on the object mounted: the path may have changed
+		// since Run checked it.
+		src, err := openMountSource(m.Source, filepath.Dir(dir))
+		if err != nil {
+			return err
+		}
+		err = r.bind(fdPath(src), m.Destination, attr)
+		unix.Close(src)
+		if err != nil {
 			return err
 		}
 	}
@@ -371,7 +484,7 @@ func setupRoot(dir string, cfg *Config) error {
 
 // setupDev makes a minimal /dev: a tmpfs with the harmless character
 // devices, a private devpts, /dev/shm, and the fd symlinks.
-func setupDev(r *rootFS) error {
+func setupDev(r *rootFS, shmSize int64) error {
 	if err := r.mount("tmpfs", "dev", "tmpfs", unix.MS_NOSUID|unix.MS_NOEXEC, "mode=755,size=64k"); err != nil {
 		return err
 	}
@@ -407,7 +520,7 @@ func setupDev(r *rootFS) error {
 	if err := r.mount("devpts", "dev/pts", "devpts", unix.MS_NOSUID|unix.MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620"); err != nil {
 		return err
 	}
-	return r.mount("tmpfs", "dev/shm", "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=1777")
+	return r.mount("tmpfs", "dev/shm", "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=1777,size="+strconv.FormatInt(shmSize, 10))
 }
 
 // loopbackUp brings lo up in the new network namespace, the only
@@ -434,13 +547,17 @@ func loopbackUp() error {
 
 // server is the init's side of the control protocol.
 type server struct {
-	state *os.Root
 	spawn chan *spawnReq
 	wg    sync.WaitGroup // connection handlers
 
+	// mu guards procs and stopping, and serialises forks with wait4: a
+	// command is registered, and released from its start-up trace, before
+	// any wait4 of the reaper can see it.
 	mu       sync.Mutex
 	procs    map[int]*proc
 	stopping bool
+
+	oomAdj int // every command's oom_score_adj (see commandOOMScoreAdj)
 }
 
 type proc struct {
@@ -455,13 +572,24 @@ type spawnReq struct {
 	p         *proc
 	pid       int
 	err       error
-	done      chan struct{}
+	// early is set when the command died before it could be released
+	// (killed between its execve and the init's first look at it); code
+	// is then its exit code, and it is not in procs.
+	early bool
+	code  int
+	done  chan struct{}
 }
 
 // forker owns the OS thread every command is forked from: it locks
 // itself to it, drops that thread to the sandbox's containment, then forks
 // on request. The thread is never unlocked, so it dies with its state
 // instead of returning to the Go scheduler.
+//
+// Each command starts traced (PTRACE_TRACEME just before its execve), so
+// it stops at its first instruction; the forker, its tracer, sets its
+// oom_score_adj to 0 (it inherited the init's -1000) and lets it go. No
+// code of the command ever runs exempt from the OOM killer, so nothing it
+// forks can inherit the exemption.
 func (s *server) forker(ready chan<- error, contain func() error) {
 	runtime.LockOSThread()
 	if err := contain(); err != nil {
@@ -476,14 +604,79 @@ func (s *server) forker(ready chan<- error, contain func() error) {
 		} else {
 			req.pid, req.err = syscall.ForkExec(req.path, req.argv, &syscall.ProcAttr{
 				Dir: req.dir, Env: req.env, Files: req.files,
-				Sys: &syscall.SysProcAttr{Setsid: true},
+				Sys: &syscall.SysProcAttr{Setsid: true, Ptrace: true},
 			})
 			if req.err == nil {
-				s.procs[req.pid] = req.p
+				req.early, req.code, req.err = release(req.pid, s.oomAdj)
+				if req.err == nil && !req.early {
+					s.procs[req.pid] = req.p
+				}
 			}
 		}
 		s.mu.Unlock()
 		close(req.done)
+	}
+}
+
+// maxStartStops bounds how many signal stops release passes on to a
+// command before its exec stop: past it, the command is let go anyway.
+const maxStartStops = 16
+
+// release waits for a command forked with PTRACE_TRACEME to stop after its
+// execve, sets its oom_score_adj to adj and detaches from it. Signals that
+// reach it first are delivered to it (PTRACE_CONT with the signal). It
+// returns early=true with the exit code if the command died meanwhile.
+// It runs on the forker thread (the tracer) with s.mu held.
+func release(pid, adj int) (early bool, code int, err error) {
+	adjusted := false
+	for stops := 0; ; stops++ {
+		var ws unix.WaitStatus
+		_, err := unix.Wait4(pid, &ws, unix.WALL, nil)
+		if errors.Is(err, unix.EINTR) {
+			stops--
+			continue
+		}
+		if err != nil {
+			_ = unix.Kill(pid, unix.SIGKILL)
+			return false, 0, fmt.Errorf("waiting for the command to start: %w", err)
+		}
+		if ws.Exited() || ws.Signaled() {
+			return true, exitCode(ws), nil
+		}
+		if !ws.Stopped() {
+			continue
+		}
+		if !adjusted {
+			// Written from another thread of the init, one that kept
+			// CAP_SYS_RESOURCE where the host grants it: the kernel then
+			// also raises the command's oom_score_adj_min, so that it
+			// cannot lower itself back to the init's exemption. (A
+			// goroutine that is not locked never runs on this thread.)
+			werr := make(chan error, 1)
+			go func() { werr <- oomScoreAdj(strconv.Itoa(pid), adj) }()
+			if err := <-werr; err != nil {
+				_ = unix.Kill(pid, unix.SIGKILL)
+				for {
+					if _, werr := unix.Wait4(pid, &ws, unix.WALL, nil); !errors.Is(werr, unix.EINTR) {
+						break
+					}
+				}
+				return false, 0, err
+			}
+			adjusted = true
+		}
+		sig := ws.StopSignal()
+		if sig == unix.SIGTRAP || stops >= maxStartStops {
+			// The exec stop: detach without delivering the SIGTRAP.
+			if err := unix.PtraceDetach(pid); err != nil {
+				// It died meanwhile (ESRCH): the reaper collects it.
+				_ = unix.Kill(pid, unix.SIGKILL)
+			}
+			return false, 0, nil
+		}
+		if err := unix.PtraceCont(pid, int(sig)); err != nil {
+			_ = unix.Kill(pid, unix.SIGKILL)
+		}
 	}
 }
 
@@ -590,6 +783,13 @@ func (s *server) handle(c *net.UnixConn) {
 	}
 	pid := sr.pid
 	s.write(c, reply{Pid: pid})
+	if sr.early {
+		if req.Main {
+			s.stop(sr.code)
+		}
+		s.write(c, reply{Exited: true, Code: sr.code})
+		return
+	}
 
 	msgs := make(chan request)
 	go func() { // ends when c is closed
@@ -639,11 +839,16 @@ func (s *server) reap(sigchld <-chan os.Signal) {
 	for range sigchld {
 		for {
 			var ws unix.WaitStatus
+			s.mu.Lock()
 			pid, err := unix.Wait4(-1, &ws, unix.WNOHANG, nil)
 			if pid <= 0 || err != nil {
+				s.mu.Unlock()
 				break
 			}
-			s.mu.Lock()
+			if ws.Stopped() || ws.Continued() {
+				s.mu.Unlock()
+				continue
+			}
 			p := s.procs[pid]
 			delete(s.procs, pid)
 			s.mu.Unlock()
@@ -659,9 +864,14 @@ func (s *server) reap(sigchld <-chan os.Signal) {
 	}
 }
 
+// stopAckTimeout bounds how long the init waits for the monitor to record
+// the stop.
+const stopAckTimeout = 5 * time.Second
+
 // stop ends the sandbox when run's command has exited: every other
-// process is killed, stopped.json records the exit code, and the init
-// exits (its mount namespace, and every mount in it, go with it).
+// process is killed, the monitor records the exit code (stopped.json) and
+// the init exits (its mount namespace, and every mount in it, go with it).
+// The init writes nothing on the host itself: it has no way to.
 func (s *server) stop(code int) {
 	s.mu.Lock()
 	s.stopping = true
@@ -686,9 +896,14 @@ func (s *server) stop(code int) {
 			p.exited <- exitCode(ws)
 		}
 	}
-	b, _ := json.Marshal(stopState{ExitCode: code, Time: time.Now().UTC()})
-	if err := s.state.WriteFile(stoppedFile+".tmp", b, 0o600); err == nil {
-		_ = s.state.Rename(stoppedFile+".tmp", stoppedFile)
+	// Recorded before run's client hears the exit code, so that whoever
+	// waited for it finds the sandbox stopped.
+	if err := sendLink(linkFD, "stopped "+strconv.Itoa(code)); err == nil {
+		if msg, err := readLink(linkFD, stopAckTimeout); err != nil || msg != "ok" {
+			fmt.Fprintf(os.Stderr, "sandgate sandbox init: the monitor did not record the stop: %q, %v\n", msg, err)
+		}
+	} else {
+		fmt.Fprintf(os.Stderr, "sandgate sandbox init: the monitor is gone, the stop is not recorded: %v\n", err)
 	}
 	go func() {
 		done := make(chan struct{})

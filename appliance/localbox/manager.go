@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -41,6 +42,9 @@ func (m *Manager) Run(ctx context.Context, opts RunOptions) (*Process, error) {
 	cfg := opts.Config
 	cfg.Created = time.Now().UTC()
 	if err := cfg.check(); err != nil {
+		return nil, err
+	}
+	if err := m.checkMounts(&cfg); err != nil {
 		return nil, err
 	}
 	fill := func(upper string) error {
@@ -150,6 +154,9 @@ func (m *Manager) Fork(ctx context.Context, src, dst string, stdio Stdio) (*Proc
 	if err := cfg.check(); err != nil {
 		return nil, err
 	}
+	if err := m.checkMounts(&cfg); err != nil {
+		return nil, err
+	}
 	fill := func(upper string) error {
 		pr, pw := io.Pipe()
 		packed := make(chan error, 1)
@@ -185,13 +192,20 @@ func (m *Manager) create(ctx context.Context, cfg *Config, fill func(upper strin
 	}
 	defer lock.Close()
 	var cg *cgroups
-	var initProc *os.Process
+	var monitor *os.Process
+	initPidfd := -1
 	defer func() {
+		if initPidfd >= 0 {
+			if err != nil {
+				_ = unix.PidfdSendSignal(initPidfd, unix.SIGKILL, nil, 0)
+			}
+			unix.Close(initPidfd)
+		}
 		if err == nil {
 			return
 		}
-		if initProc != nil {
-			_ = initProc.Kill()
+		if monitor != nil {
+			_ = monitor.Kill()
 		}
 		if cg != nil {
 			_ = cg.remove(context.WithoutCancel(ctx))
@@ -225,64 +239,82 @@ func (m *Manager) create(ctx context.Context, cfg *Config, fill func(upper strin
 	if err != nil {
 		return nil, err
 	}
-	child := os.NewFile(uintptr(pair[1]), "sync")
-	parent := os.NewFile(uintptr(pair[0]), "sync")
-	syncConn, err := net.FileConn(parent)
+	child := os.NewFile(uintptr(pair[1]), "link")
+	parent := os.NewFile(uintptr(pair[0]), "link")
+	link, err := net.FileConn(parent)
 	parent.Close() // FileConn dup'ed it
 	if err != nil {
 		child.Close()
 		return nil, err
 	}
-	defer syncConn.Close()
+	defer link.Close()
 	logf, err := os.OpenFile(filepath.Join(dir, logFile), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
 	if err != nil {
 		child.Close()
 		return nil, err
 	}
 	defer logf.Close()
+	// The monitor: this binary again, on the host, in a session of its
+	// own; it starts the init in the sandbox's namespaces (see monitor.go).
 	cmd := &exec.Cmd{
-		Path:       m.exe,
-		Args:       []string{"sandgate-sandbox-init", cfg.ID},
-		Env:        []string{initEnv + "=1", dirEnv + "=" + dir},
-		Stdout:     logf,
-		Stderr:     logf,
-		ExtraFiles: []*os.File{child, lnFile},
-		SysProcAttr: &syscall.SysProcAttr{
-			Cloneflags: unix.CLONE_NEWNS | unix.CLONE_NEWPID | unix.CLONE_NEWNET | unix.CLONE_NEWUTS | unix.CLONE_NEWIPC,
-			Setsid:     true,
-		},
+		Path:        m.exe,
+		Args:        []string{"sandgate-sandbox-monitor", cfg.ID},
+		Env:         []string{initEnv + "=0", dirEnv + "=" + dir, runtimeEnv},
+		Stdout:      logf,
+		Stderr:      logf,
+		ExtraFiles:  []*os.File{child, lnFile},
+		SysProcAttr: &syscall.SysProcAttr{Setsid: true},
 	}
 	err = cmd.Start()
 	child.Close()
 	if err != nil {
-		return nil, fmt.Errorf("start the sandbox's init: %w", err)
+		return nil, fmt.Errorf("start the sandbox's monitor: %w", err)
 	}
-	initProc = cmd.Process
-	go cmd.Wait() // reaps the init if it dies while this process lives; ends with it
-	if err := cg.add(cmd.Process.Pid); err != nil {
-		return nil, err
-	}
+	monitor = cmd.Process
+	go cmd.Wait() // reaps the monitor if it ends while this process lives; ends with it
 	ctx2, cancel := context.WithTimeout(ctx, startTimeout)
 	defer cancel()
 	if dl, ok := ctx2.Deadline(); ok {
-		syncConn.SetDeadline(dl)
-	}
-	if _, err := syncConn.Write([]byte("go")); err != nil {
-		return nil, fmt.Errorf("start the sandbox's init: %w", err)
+		link.SetDeadline(dl)
 	}
 	buf := make([]byte, 4096)
-	n, err := syncConn.Read(buf)
+	n, err := link.Read(buf)
+	if err != nil {
+		return nil, fmt.Errorf("the sandbox's monitor did not start the init: %v (see %s)", err, filepath.Join(dir, logFile))
+	}
+	pidStr, ok := strings.CutPrefix(string(buf[:n]), "pid ")
+	initPid, perr := strconv.Atoi(pidStr)
+	if !ok || perr != nil {
+		return nil, fmt.Errorf("the sandbox's init failed: %s", strings.TrimPrefix(string(buf[:n]), "error: "))
+	}
+	// A pidfd pins the init for the cleanup below: its parent, the
+	// monitor, may reap it (and its pid be reused) at any time.
+	if initPidfd, err = unix.PidfdOpen(initPid, 0); err != nil {
+		return nil, fmt.Errorf("the sandbox's init: %w", err)
+	}
+	if err := cg.add(initPid); err != nil {
+		return nil, err
+	}
+	if _, err := link.Write([]byte("go")); err != nil {
+		return nil, fmt.Errorf("start the sandbox's init: %w", err)
+	}
+	n, err = link.Read(buf)
 	if err != nil {
 		return nil, fmt.Errorf("the sandbox's init did not come up: %v (see %s)", err, filepath.Join(dir, logFile))
 	}
 	if msg := string(buf[:n]); msg != "ok" {
 		return nil, fmt.Errorf("the sandbox's init failed: %s", strings.TrimPrefix(msg, "error: "))
 	}
-	st, _, err := procStartTime(cmd.Process.Pid)
+	st, _, err := procStartTime(initPid)
 	if err != nil {
 		return nil, err
 	}
-	rs.Pid, rs.StartTime = cmd.Process.Pid, st
+	mst, _, err := procStartTime(monitor.Pid)
+	if err != nil {
+		return nil, err
+	}
+	rs.Pid, rs.StartTime = initPid, st
+	rs.MonitorPid, rs.MonitorStartTime = monitor.Pid, mst
 	if err := writeJSON(filepath.Join(dir, stateFile), &rs); err != nil {
 		return nil, err
 	}
@@ -407,6 +439,9 @@ func (m *Manager) Delete(ctx context.Context, id string, force bool) error {
 			return err
 		}
 	}
+	if err := endMonitor(ctx, &rs); err != nil {
+		return err
+	}
 	var errs []error
 	cg := &cgroups{dirs: rs.Cgroups, v2: rs.CgroupV2}
 	if err := cg.remove(ctx); err != nil {
@@ -439,6 +474,42 @@ func killInit(ctx context.Context, rs *runState) error {
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("the sandbox's init (pid %d) did not die: %w", rs.Pid, context.Cause(ctx))
+		case <-time.After(delay):
+		}
+	}
+	return nil
+}
+
+// monitorGrace is how long Delete lets a monitor end by itself once its
+// init is gone (it only writes what is left of the log).
+const monitorGrace = 2 * time.Second
+
+// endMonitor waits for the monitor of a sandbox whose init is gone to exit,
+// and kills it if it does not within monitorGrace, so that delete leaves no
+// process behind.
+func endMonitor(ctx context.Context, rs *runState) error {
+	if !rs.monitorAlive() {
+		return nil
+	}
+	pfd, err := unix.PidfdOpen(rs.MonitorPid, 0)
+	if err != nil {
+		return nil // gone meanwhile
+	}
+	defer unix.Close(pfd)
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	killed := false
+	grace := time.Now().Add(monitorGrace)
+	for delay := 100 * time.Microsecond; rs.monitorAlive(); delay = min(2*delay, 20*time.Millisecond) {
+		if !killed && time.Now().After(grace) {
+			killed = true
+			if err := unix.PidfdSendSignal(pfd, unix.SIGKILL, nil, 0); err != nil && !errors.Is(err, unix.ESRCH) {
+				return fmt.Errorf("kill the sandbox's monitor: %w", err)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("the sandbox's monitor (pid %d) did not end: %w", rs.MonitorPid, context.Cause(ctx))
 		case <-time.After(delay):
 		}
 	}

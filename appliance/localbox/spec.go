@@ -1,6 +1,7 @@
 package localbox
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"os"
@@ -150,10 +151,28 @@ type Config struct {
 	// Memory and Pids are cgroup limits; 0 means none.
 	Memory int64 `json:"memory,omitempty"`
 	Pids   int64 `json:"pids,omitempty"`
+	// TmpSize and ShmSize bound the tmpfs on /tmp and /dev/shm, in bytes;
+	// 0 means DefaultTmpSize and DefaultShmSize. Without a size a tmpfs may
+	// take half the host's memory; its pages count against the memory
+	// cgroup (--memory) where there is one, and against the host where not.
+	TmpSize int64 `json:"tmpSize,omitempty"`
+	ShmSize int64 `json:"shmSize,omitempty"`
 	// Cmd is run's command; when it exits the sandbox stops.
 	Cmd     []string  `json:"cmd"`
 	Created time.Time `json:"created"`
 }
+
+// Default sizes of a sandbox's tmpfs mounts (Config.TmpSize, ShmSize):
+// room for builds and package caches in /tmp, Docker's --shm-size default
+// for /dev/shm.
+const (
+	DefaultTmpSize = 512 << 20
+	DefaultShmSize = 64 << 20
+)
+
+// tmpSize and shmSize are the sizes the init mounts.
+func (c *Config) tmpSize() int64 { return cmp.Or(c.TmpSize, DefaultTmpSize) }
+func (c *Config) shmSize() int64 { return cmp.Or(c.ShmSize, DefaultShmSize) }
 
 // defaultPath is the PATH a command gets when its environment has none.
 const defaultPath = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -195,6 +214,9 @@ func (c *Config) check() error {
 	}
 	if c.Memory < 0 || c.Pids < 0 {
 		return fmt.Errorf("%w: memory and pids limits must not be negative", ErrBadInput)
+	}
+	if c.TmpSize < 0 || c.ShmSize < 0 {
+		return fmt.Errorf("%w: --tmp-size and --shm-size must not be negative (0 means the default)", ErrBadInput)
 	}
 	return nil
 }

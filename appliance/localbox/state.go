@@ -69,9 +69,14 @@ type runState struct {
 	StartTime uint64   `json:"startTime"` // /proc/<pid>/stat field 22, against pid reuse
 	Cgroups   []string `json:"cgroups,omitempty"`
 	CgroupV2  bool     `json:"cgroupV2,omitempty"`
+	// MonitorPid is the host process that started the init and records
+	// its stop (see monitor.go); Delete waits for it to be gone.
+	MonitorPid       int    `json:"monitorPid,omitempty"`
+	MonitorStartTime uint64 `json:"monitorStartTime,omitempty"`
 }
 
-// stopState is stopped.json: written by the init as it stops.
+// stopState is stopped.json: written by the monitor when the init reports
+// that run's command exited.
 type stopState struct {
 	ExitCode int       `json:"exitCode"`
 	Time     time.Time `json:"time"`
@@ -170,12 +175,19 @@ func procStartTime(pid int) (uint64, bool, error) {
 }
 
 // alive reports whether rs's init still runs (same pid, same start time).
-func (rs *runState) alive() bool {
-	if rs.Pid <= 0 {
+func (rs *runState) alive() bool { return procAlive(rs.Pid, rs.StartTime) }
+
+// monitorAlive reports whether rs's monitor still runs.
+func (rs *runState) monitorAlive() bool { return procAlive(rs.MonitorPid, rs.MonitorStartTime) }
+
+// procAlive reports whether pid is alive and still the process that
+// started at start.
+func procAlive(pid int, start uint64) bool {
+	if pid <= 0 {
 		return false
 	}
-	st, zombie, err := procStartTime(rs.Pid)
-	return err == nil && !zombie && st == rs.StartTime
+	st, zombie, err := procStartTime(pid)
+	return err == nil && !zombie && st == start
 }
 
 // info reads a sandbox's state from its directory.

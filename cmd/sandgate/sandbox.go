@@ -33,6 +33,8 @@ func sandboxCommand() *cli.Command {
 		&cli.BoolFlag{Name: "stderr", Value: true, Usage: "connect stderr (without --detach)"},
 		&cli.StringFlag{Name: "memory", Usage: "memory limit: `BYTES` or a size like 512m, 2g (cgroup)"},
 		&cli.Int64Flag{Name: "pids", Usage: "process limit `N` (cgroup)"},
+		&cli.StringFlag{Name: "tmp-size", Value: "512m", Usage: "size `BYTES` of the /tmp tmpfs (its pages count against --memory)"},
+		&cli.StringFlag{Name: "shm-size", Value: "64m", Usage: "size `BYTES` of the /dev/shm tmpfs (its pages count against --memory)"},
 	}
 	return &cli.Command{
 		Name:  "sandbox",
@@ -214,9 +216,14 @@ func runSandboxRun(c *cli.Context) error {
 		},
 		ImportTar: c.String("import-tar"),
 	}
-	if s := c.String("memory"); s != "" {
-		if opts.Memory, err = localbox.ParseSize(s); err != nil {
-			return sandboxErr(err)
+	for _, sz := range []struct {
+		flag string
+		dst  *int64
+	}{{"memory", &opts.Memory}, {"tmp-size", &opts.TmpSize}, {"shm-size", &opts.ShmSize}} {
+		if s := c.String(sz.flag); s != "" {
+			if *sz.dst, err = localbox.ParseSize(s); err != nil {
+				return sandboxErr(fmt.Errorf("--%s: %w", sz.flag, err))
+			}
 		}
 	}
 	for _, s := range values(c, "mount") {
