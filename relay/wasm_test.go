@@ -18,6 +18,12 @@ import (
 	"github.com/sandgate/sandgate/internal/gobuild"
 )
 
+func TestMain(m *testing.M) {
+	code := m.Run()
+	gobuild.Cleanup()
+	os.Exit(code)
+}
+
 // probeWasm is the probe guest (transforms/wasm/testdata/probe), built
 // once per test run; its config is a script of ABI calls whose results come
 // back as audit notes.

@@ -17,6 +17,12 @@ import (
 	"github.com/sandgate/sandgate/internal/gobuild"
 )
 
+func TestMain(m *testing.M) {
+	code := m.Run()
+	gobuild.Cleanup()
+	os.Exit(code)
+}
+
 // abi lists every function of the http-wasm handler ABI's host module
 // "http_handler" with its signature as the ABI document declares it
 // (https://http-wasm.io/http-handler-abi/), and sandgate's host module
