@@ -17,6 +17,7 @@ import (
 	"sync"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -213,7 +214,7 @@ func stage2() error {
 	if err != nil {
 		return fmt.Errorf("seccomp profile: %w", err)
 	}
-	s := &server{procs: map[int]*proc{}, spawn: make(chan *spawnReq), oomAdj: cmdAdj}
+	s := &server{procs: map[int]*proc{}, spawn: make(chan *spawnReq), poke: make(chan struct{}, 1), oomAdj: cmdAdj}
 	ready := make(chan error, 1)
 	go s.forker(ready, func() error {
 		if err := dropCapabilities(); err != nil {
@@ -550,12 +551,19 @@ type server struct {
 	spawn chan *spawnReq
 	wg    sync.WaitGroup // connection handlers
 
-	// mu guards procs and stopping, and serialises forks with wait4: a
-	// command is registered, and released from its start-up trace, before
-	// any wait4 of the reaper can see it.
+	// mu guards the fields below. It is never held across a blocking
+	// call: the forker takes it only to look at or update them, so that
+	// neither the reaper nor stop ever waits behind a fork.
 	mu       sync.Mutex
 	procs    map[int]*proc
 	stopping bool
+	// pending is the command the forker is releasing from its start-up
+	// trace (0: none): the reaper leaves its exit to release.
+	pending int
+
+	// poke wakes the reaper after each fork: an exit it had to leave to
+	// release (or hidden behind a command's start-up stop) is then collected.
+	poke chan struct{}
 
 	oomAdj int // every command's oom_score_adj (see commandOOMScoreAdj)
 }
@@ -580,6 +588,12 @@ type spawnReq struct {
 	done  chan struct{}
 }
 
+// errKilledBeforeStart is the exec error of a command killed between its
+// fork and its execve: only SIGKILL ends a child traced from its start
+// without a stop first, and it comes from the monitor's watchdog (see
+// watchStarts) or from a process of the sandbox.
+var errKilledBeforeStart = fmt.Errorf("the command was killed before it could start: something in this sandbox stopped it between its fork and its execve (a start held stopped for %v is killed) or killed it; try again, and stop whatever signals new processes in the sandbox", startGrace)
+
 // forker owns the OS thread every command is forked from: it locks
 // itself to it, drops that thread to the sandbox's containment, then forks
 // on request. The thread is never unlocked, so it dies with its state
@@ -590,6 +604,15 @@ type spawnReq struct {
 // oom_score_adj to 0 (it inherited the init's -1000) and lets it go. No
 // code of the command ever runs exempt from the OOM killer, so nothing it
 // forks can inherit the exemption.
+//
+// A fork can be held up by the sandbox itself: a process that sends
+// SIGSTOP to the next pids stops a child before its execve, and Go's
+// ForkExec (CLONE_VFORK) then waits for that execve for ever, on a thread
+// that keeps its P, so that the init's next garbage collection (which
+// stops the world) waits too. No goroutine of the init can be relied on
+// then: the monitor, a process of its own, kills such a child (see
+// watchStarts); the exec fails with errKilledBeforeStart and the forker
+// serves the next request.
 func (s *server) forker(ready chan<- error, contain func() error) {
 	runtime.LockOSThread()
 	if err := contain(); err != nil {
@@ -599,22 +622,43 @@ func (s *server) forker(ready chan<- error, contain func() error) {
 	ready <- nil
 	for req := range s.spawn {
 		s.mu.Lock()
-		if s.stopping {
-			req.err = errors.New("the sandbox is stopping")
-		} else {
-			req.pid, req.err = syscall.ForkExec(req.path, req.argv, &syscall.ProcAttr{
-				Dir: req.dir, Env: req.env, Files: req.files,
-				Sys: &syscall.SysProcAttr{Setsid: true, Ptrace: true},
-			})
-			if req.err == nil {
-				req.early, req.code, req.err = release(req.pid, s.oomAdj)
-				if req.err == nil && !req.early {
-					s.procs[req.pid] = req.p
-				}
-			}
-		}
+		stopping := s.stopping
 		s.mu.Unlock()
+		if stopping {
+			req.err = errors.New("the sandbox is stopping")
+			close(req.done)
+			continue
+		}
+		req.pid, req.err = syscall.ForkExec(req.path, req.argv, &syscall.ProcAttr{
+			Dir: req.dir, Env: req.env, Files: req.files,
+			Sys: &syscall.SysProcAttr{Setsid: true, Ptrace: true},
+		})
+		if req.err == nil {
+			s.mu.Lock()
+			s.pending = req.pid
+			s.mu.Unlock()
+			early, code, err := release(req.pid, s.oomAdj)
+			s.mu.Lock()
+			s.pending = 0
+			switch {
+			case err != nil:
+				req.err = err
+			case early:
+				req.early, req.code = true, code
+			default:
+				s.procs[req.pid] = req.p
+			}
+			s.mu.Unlock()
+		}
+		s.pokeReaper()
 		close(req.done)
+	}
+}
+
+func (s *server) pokeReaper() {
+	select {
+	case s.poke <- struct{}{}:
+	default:
 	}
 }
 
@@ -626,7 +670,10 @@ const maxStartStops = 16
 // execve, sets its oom_score_adj to adj and detaches from it. Signals that
 // reach it first are delivered to it (PTRACE_CONT with the signal). It
 // returns early=true with the exit code if the command died meanwhile.
-// It runs on the forker thread (the tracer) with s.mu held.
+// It runs on the forker thread (the tracer). Its waits are bounded: once
+// past its execve a command stops at once (the exec stop), and each signal
+// that stops it first counts against maxStartStops; before its execve, the
+// monitor kills a command held stopped (watchStarts).
 func release(pid, adj int) (early bool, code int, err error) {
 	adjusted := false
 	for stops := 0; ; stops++ {
@@ -636,9 +683,17 @@ func release(pid, adj int) (early bool, code int, err error) {
 			stops--
 			continue
 		}
+		if errors.Is(err, unix.ECHILD) {
+			// The reaper collected it before release could look: it
+			// died before its exec stop, which only SIGKILL does.
+			return false, 0, errKilledBeforeStart
+		}
 		if err != nil {
 			_ = unix.Kill(pid, unix.SIGKILL)
 			return false, 0, fmt.Errorf("waiting for the command to start: %w", err)
+		}
+		if ws.Signaled() && !adjusted {
+			return false, 0, errKilledBeforeStart
 		}
 		if ws.Exited() || ws.Signaled() {
 			return true, exitCode(ws), nil
@@ -834,33 +889,66 @@ func (s *server) handle(c *net.UnixConn) {
 }
 
 // reap collects every child (commands and the orphans they leave to pid
-// 1) and hands exit codes to their handlers.
+// 1) and hands exit codes to their handlers. It never waits for the
+// forker: it looks at an exit first (WNOWAIT, which also leaves a
+// command's start-up ptrace stops to release) and collects it unless it is
+// the command the forker is releasing, whose exit is release's.
 func (s *server) reap(sigchld <-chan os.Signal) {
-	for range sigchld {
-		for {
-			var ws unix.WaitStatus
-			s.mu.Lock()
-			pid, err := unix.Wait4(-1, &ws, unix.WNOHANG, nil)
-			if pid <= 0 || err != nil {
-				s.mu.Unlock()
-				break
-			}
-			if ws.Stopped() || ws.Continued() {
-				s.mu.Unlock()
-				continue
-			}
-			p := s.procs[pid]
-			delete(s.procs, pid)
-			s.mu.Unlock()
-			if p == nil {
-				continue
-			}
-			code := exitCode(ws)
-			if p.main {
-				s.stop(code)
-			}
-			p.exited <- code
+	for {
+		select {
+		case <-sigchld:
+		case <-s.poke:
 		}
+		s.reapExited()
+	}
+}
+
+// Values of siginfo's si_code for SIGCHLD (asm-generic/siginfo.h).
+const (
+	cldExited = 1
+	cldKilled = 2
+	cldDumped = 3
+)
+
+// reapExited collects every exited child it may, then returns.
+func (s *server) reapExited() {
+	for {
+		var si unix.Siginfo
+		err := unix.Waitid(unix.P_ALL, 0, &si, unix.WEXITED|unix.WNOHANG|unix.WNOWAIT|unix.WALL, nil)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		// si_pid is the first field of siginfo's union, after signo,
+		// errno, code and padding.
+		pid := int(*(*int32)(unsafe.Pointer(uintptr(unsafe.Pointer(&si)) + 16)))
+		if err != nil || pid <= 0 {
+			return
+		}
+		if c := si.Code; c != cldExited && c != cldKilled && c != cldDumped {
+			// A command stopped at its start, waiting for release,
+			// which pokes the reaper once done.
+			return
+		}
+		s.mu.Lock()
+		if pid == s.pending {
+			s.mu.Unlock()
+			return // release collects it, then pokes the reaper
+		}
+		p := s.procs[pid]
+		delete(s.procs, pid)
+		s.mu.Unlock()
+		var ws unix.WaitStatus
+		if got, err := unix.Wait4(pid, &ws, unix.WNOHANG|unix.WALL, nil); got != pid || err != nil {
+			continue
+		}
+		if p == nil {
+			continue
+		}
+		code := exitCode(ws)
+		if p.main {
+			s.stop(code)
+		}
+		p.exited <- code
 	}
 }
 

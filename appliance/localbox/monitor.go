@@ -67,6 +67,8 @@ func monitorMain() error {
 	if err != nil {
 		return fmt.Errorf("start the sandbox's init: %w", err)
 	}
+	initGone := make(chan struct{})
+	go watchStarts(cmd.Process.Pid, initGone)
 	logged := make(chan struct{})
 	go func() { // ends when the init, the last writer, is gone
 		defer close(logged)
@@ -113,6 +115,7 @@ func monitorMain() error {
 		_ = sendLink(link, answer)
 	}
 	_ = cmd.Wait()
+	close(initGone)
 	select {
 	case <-logged:
 	case <-time.After(2 * time.Second):
@@ -128,4 +131,95 @@ func copyLog(w io.Writer, r io.Reader) {
 		fmt.Fprintf(w, "\nsandgate sandbox monitor: init.log reached %d bytes; the rest is dropped\n", maxInitLog)
 	}
 	_, _ = io.Copy(io.Discard, r)
+}
+
+// startGrace is how long a command may be held stopped between its fork
+// and its execve before the monitor kills it.
+const startGrace = 2 * time.Second
+
+// kcmpVM is KCMP_VM of linux/kcmp.h: kcmp reports whether two processes
+// share one address space.
+const kcmpVM = 1
+
+// watchStarts kills any child of the init that has been stopped for
+// startGrace before its execve, until done is closed. Such a child was
+// stopped by a process of the sandbox (SIGSTOP sent to the pids that come
+// next): the init forks with CLONE_VFORK, so its forker thread waits for
+// the child's execve, and while it waits that thread keeps a P of the Go
+// runtime, so the init's next garbage collection waits as well. That is
+// why the watch is here, in another process, rather than in the init.
+//
+// A child that has not reached its execve still shares the init's address
+// space (kcmp KCMP_VM), which no started command does; whether traced or
+// not (PTRACE_TRACEME comes just before the execve), the forker only
+// resumes when it is gone. The exec then fails with errKilledBeforeStart.
+func watchStarts(initPid int, done <-chan struct{}) {
+	tick := time.NewTicker(startGrace / 4)
+	defer tick.Stop()
+	seen := map[int]time.Time{} // stopped before its execve since
+	for {
+		select {
+		case <-done:
+			return
+		case <-tick.C:
+		}
+		now := time.Now()
+		still := map[int]time.Time{}
+		for _, pid := range initChildren(initPid) {
+			if !stoppedPreExec(initPid, pid) {
+				continue
+			}
+			since, ok := seen[pid]
+			if !ok {
+				since = now
+			}
+			if now.Sub(since) < startGrace {
+				still[pid] = since
+				continue
+			}
+			_ = unix.Kill(pid, unix.SIGKILL)
+			fmt.Fprintf(os.Stderr, "sandgate sandbox monitor: a command (host pid %d) was held stopped before its execve for %v: killed it, so that the init can serve on\n", pid, startGrace)
+		}
+		seen = still
+	}
+}
+
+// initChildren lists the children of every thread of process pid.
+func initChildren(pid int) []int {
+	task := "/proc/" + strconv.Itoa(pid) + "/task/"
+	tids, _ := os.ReadDir(task)
+	var out []int
+	for _, t := range tids {
+		b, _ := os.ReadFile(task + t.Name() + "/children")
+		for _, f := range strings.Fields(string(b)) {
+			if n, err := strconv.Atoi(f); err == nil {
+				out = append(out, n)
+			}
+		}
+	}
+	return out
+}
+
+// stoppedPreExec reports whether child, a child of process parent, is in
+// a stop (group or ptrace stop) and still shares parent's address space.
+func stoppedPreExec(parent, child int) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(child) + "/stat")
+	if err != nil {
+		return false
+	}
+	i := strings.LastIndexByte(string(b), ')')
+	if i < 0 || i+2 >= len(b) || (b[i+2] != 'T' && b[i+2] != 't') {
+		return false
+	}
+	r, _, errno := unix.RawSyscall6(unix.SYS_KCMP, uintptr(parent), uintptr(child), kcmpVM, 0, 0, 0)
+	if errno != unix.ENOSYS {
+		return errno == 0 && r == 0
+	}
+	// A kernel without kcmp: still the init's executable. (A command that
+	// runs the sandgate binary itself and is held stopped is taken too.)
+	var own, its unix.Stat_t
+	if unix.Stat("/proc/"+strconv.Itoa(parent)+"/exe", &own) != nil || unix.Stat("/proc/"+strconv.Itoa(child)+"/exe", &its) != nil {
+		return false
+	}
+	return own.Dev == its.Dev && own.Ino == its.Ino
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -77,20 +78,166 @@ func checkMountSource(fd int, source, stateDir string) error {
 	if m := st.Mode & unix.S_IFMT; m == unix.S_IFCHR || m == unix.S_IFBLK {
 		return fmt.Errorf("%w: mount source %q is a device node: devices are never bound into a sandbox", ErrBadInput, source)
 	}
-	real, err := os.Readlink(fdPath(fd))
+	return checkMountSourcePlace(fd, st, source, stateDir)
+}
+
+// fileID is what identifies a file on the host whatever the path to it:
+// a bind mount shows the same (st_dev, st_ino) under another path.
+type fileID struct{ dev, ino uint64 }
+
+func idOfStat(st *unix.Stat_t) fileID { return fileID{uint64(st.Dev), st.Ino} }
+
+// maxDepth bounds the walks up a directory tree by "..".
+const maxDepth = 4096
+
+// ancestry returns the identity of the directory fd and of each of its
+// ancestors up to the root, nearest first, walking ".." from the opened
+// directory (so through the mounts it was reached by, never by path).
+func ancestry(fd int) ([]fileID, error) {
+	cur, err := unix.Openat(fd, ".", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { unix.Close(cur) }()
+	var ids []fileID
+	for range maxDepth {
+		var st unix.Stat_t
+		if err := unix.Fstat(cur, &st); err != nil {
+			return nil, err
+		}
+		id := idOfStat(&st)
+		if len(ids) > 0 && ids[len(ids)-1] == id {
+			return ids, nil // ".." of the root is the root
+		}
+		ids = append(ids, id)
+		parent, err := unix.Openat(cur, "..", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return nil, err
+		}
+		unix.Close(cur)
+		cur = parent
+	}
+	return nil, fmt.Errorf("more than %d directories deep", maxDepth)
+}
+
+// checkMountSourcePlace refuses a source that is the host's root, that is
+// or contains the state directory, or that lies inside it, comparing
+// identities (st_dev, st_ino) and places within file systems rather than
+// paths, so that a bind mount of any of them under another path is caught
+// as well.
+func checkMountSourcePlace(fd int, st unix.Stat_t, source, stateDir string) error {
+	src := idOfStat(&st)
+	var rst unix.Stat_t
+	if err := unix.Stat("/", &rst); err != nil {
+		return fmt.Errorf("mount source %q: /: %w", source, err)
+	}
+	if src == idOfStat(&rst) {
+		return fmt.Errorf("%w: mount source %q is the host's root: / is never bound into a sandbox (it holds the host and every sandbox); bind the directories the sandbox needs", ErrBadInput, source)
+	}
+	containsErr := fmt.Errorf("%w: mount source %q contains the sandboxes' state directory %s, which holds every sandbox's layers and control socket: bind a narrower directory", ErrBadInput, source, stateDir)
+	insideErr := fmt.Errorf("%w: mount source %q is inside the sandboxes' state directory %s, which holds every sandbox's layers and control socket: bind a directory outside it", ErrBadInput, source, stateDir)
+	sfd, err := unix.Open(stateDir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("mount source %q: the state directory: %w", source, err)
+	}
+	defer unix.Close(sfd)
+	stateChain, err := ancestry(sfd)
+	if err != nil {
+		return fmt.Errorf("mount source %q: the state directory %s: %w", source, stateDir, err)
+	}
+	if src == stateChain[0] {
+		return insideErr // the state directory itself
+	}
+	if slices.Contains(stateChain, src) {
+		return containsErr
+	}
+	// The source's own ancestors: from the directory itself, or from the
+	// directory its path names for anything else (checked to hold it).
+	dfd := fd
+	if st.Mode&unix.S_IFMT != unix.S_IFDIR {
+		real, err := os.Readlink(fdPath(fd))
+		if err != nil {
+			return fmt.Errorf("mount source %q: %w", source, err)
+		}
+		pfd, err := unix.Open(filepath.Dir(real), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return fmt.Errorf("mount source %q: its directory: %w", source, err)
+		}
+		defer unix.Close(pfd)
+		var in unix.Stat_t
+		if err := unix.Fstatat(pfd, filepath.Base(real), &in, unix.AT_SYMLINK_NOFOLLOW); err != nil || idOfStat(&in) != src {
+			return fmt.Errorf("%w: mount source %q changed while it was checked: try again", ErrBadInput, source)
+		}
+		dfd = pfd
+	}
+	srcChain, err := ancestry(dfd)
 	if err != nil {
 		return fmt.Errorf("mount source %q: %w", source, err)
 	}
-	if real == "/" {
-		return fmt.Errorf("%w: mount source %q is the host's root: / is never bound into a sandbox (it holds the host and every sandbox); bind the directories the sandbox needs", ErrBadInput, source)
+	if slices.Contains(srcChain, stateChain[0]) {
+		return insideErr
 	}
-	if within(real, stateDir) {
-		return fmt.Errorf("%w: mount source %q is inside the sandboxes' state directory %s, which holds every sandbox's layers and control socket: bind a directory outside it", ErrBadInput, source, stateDir)
-	}
-	if within(stateDir, real) {
-		return fmt.Errorf("%w: mount source %q contains the sandboxes' state directory %s, which holds every sandbox's layers and control socket: bind a narrower directory", ErrBadInput, source, stateDir)
+	// A bind mount of a directory inside the state directory has its own
+	// ancestors (those of where it is mounted): compare places within the
+	// file system instead, from the mounts' roots in mountinfo.
+	sdev, spath, sok := fsPlace(sfd)
+	dev, p, ok := fsPlace(fd)
+	if sok && ok && dev == sdev {
+		if within(p, spath) {
+			return insideErr
+		}
+		if within(spath, p) {
+			return containsErr
+		}
 	}
 	return nil
+}
+
+// fsPlace returns the file system (mountinfo's major:minor) and the path
+// within it of the object fd refers to: the root of its mount (mountinfo's
+// fourth field) joined with its path below the mount point. ok is false
+// when that cannot be told (a deleted file, an unreadable mountinfo).
+func fsPlace(fd int) (dev, p string, ok bool) {
+	var stx unix.Statx_t
+	if err := unix.Statx(fd, "", unix.AT_EMPTY_PATH, unix.STATX_MNT_ID, &stx); err != nil || stx.Mask&unix.STATX_MNT_ID == 0 {
+		return "", "", false
+	}
+	real, err := os.Readlink(fdPath(fd))
+	if err != nil || !strings.HasPrefix(real, "/") || strings.HasSuffix(real, " (deleted)") {
+		return "", "", false
+	}
+	fields := mountInfo(stx.Mnt_id)
+	if len(fields) < 5 {
+		return "", "", false
+	}
+	root, point := unescapeMountInfo(fields[3]), unescapeMountInfo(fields[4])
+	if !within(real, point) {
+		return "", "", false
+	}
+	rel, err := filepath.Rel(point, real)
+	if err != nil {
+		return "", "", false
+	}
+	return fields[2], filepath.Join(root, rel), true
+}
+
+// unescapeMountInfo undoes mountinfo's octal escapes (\040 for a space).
+func unescapeMountInfo(f string) string {
+	if !strings.Contains(f, `\`) {
+		return f
+	}
+	var b strings.Builder
+	for i := 0; i < len(f); i++ {
+		if f[i] == '\\' && i+3 < len(f) {
+			if n, err := strconv.ParseUint(f[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(f[i])
+	}
+	return b.String()
 }
 
 // within reports whether p is dir or beneath it (both clean and absolute).
@@ -102,9 +249,21 @@ func within(p, dir string) bool {
 // mountType returns the file system type of the mount with this id in
 // this process's mount namespace, or "".
 func mountType(id uint64) string {
+	fields := mountInfo(id)
+	for i, f := range fields {
+		if f == "-" && i+1 < len(fields) {
+			return fields[i+1]
+		}
+	}
+	return ""
+}
+
+// mountInfo returns the fields of the line of /proc/self/mountinfo for
+// the mount with this id, or nil.
+func mountInfo(id uint64) []string {
 	f, err := os.Open("/proc/self/mountinfo")
 	if err != nil {
-		return ""
+		return nil
 	}
 	defer f.Close()
 	want := strconv.FormatUint(id, 10)
@@ -112,17 +271,11 @@ func mountType(id uint64) string {
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
 		line := sc.Text()
-		if mid, _, _ := strings.Cut(line, " "); mid != want {
-			continue
+		if mid, _, _ := strings.Cut(line, " "); mid == want {
+			return strings.Fields(line)
 		}
-		if _, post, ok := strings.Cut(line, " - "); ok {
-			if fields := strings.Fields(post); len(fields) > 0 {
-				return fields[0]
-			}
-		}
-		return ""
 	}
-	return ""
+	return nil
 }
 
 // checkMounts applies the source rules to every mount of cfg before the

@@ -178,27 +178,50 @@ func stdioFiles(c *cli.Context, in, out, errOut bool) (localbox.Stdio, func(), e
 	return s, wait, nil
 }
 
+// signalAnswerTimeout bounds how long run and exec wait for the command's
+// exit once they forwarded an interrupt to it: a sandbox whose init does
+// not answer (stalled, or frozen) must not keep the CLI from ending.
+var signalAnswerTimeout = 10 * time.Second
+
 // follow waits for p and turns its exit code into the CLI's, passing an
-// interrupt of the CLI on to the command.
+// interrupt of the CLI on to the command as SIGTERM. If the sandbox does not
+// report the command's exit within signalAnswerTimeout of that, follow
+// gives up: it closes the link (the init, if it still serves, then kills
+// the command) and returns 128+SIGTERM with a message.
 func follow(c *cli.Context, p *localbox.Process, wait func()) error {
-	stop := make(chan struct{})
-	defer close(stop)
+	type result struct {
+		code int
+		err  error
+	}
+	res := make(chan result, 1)
 	go func() {
-		select {
-		case <-c.Context.Done():
-			_ = p.Signal(syscall.SIGTERM)
-		case <-stop:
-		}
+		code, err := p.Wait()
+		res <- result{code, err}
 	}()
-	code, err := p.Wait()
-	wait()
-	if err != nil {
-		return err
+	interrupted := c.Context.Done()
+	var giveUp <-chan time.Time
+	for {
+		select {
+		case <-interrupted:
+			interrupted = nil
+			_ = p.Signal(syscall.SIGTERM)
+			t := time.NewTimer(signalAnswerTimeout)
+			defer t.Stop()
+			giveUp = t.C
+		case <-giveUp:
+			_ = p.Close()
+			return &exitError{code: 128 + int(syscall.SIGTERM), err: fmt.Errorf("the sandbox did not report the command's exit within %v of forwarding SIGTERM to it; gave up waiting (the command may still run: see 'sandgate sandbox list', end it with 'sandgate sandbox delete --force ID')", signalAnswerTimeout)}
+		case r := <-res:
+			wait()
+			if r.err != nil {
+				return r.err
+			}
+			if r.code != 0 {
+				return &exitError{code: r.code}
+			}
+			return nil
+		}
 	}
-	if code != 0 {
-		return &exitError{code: code}
-	}
-	return nil
 }
 
 func runSandboxRun(c *cli.Context) error {
