@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,6 +19,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // GoogleCLI is where Cloud Run puts its sandbox command when sandboxes are
@@ -248,11 +251,15 @@ func (w *limitedBuffer) String() string {
 	return w.b.String()
 }
 
-// link is the stdio of one `sandbox exec <id> -- sandgate agent`: the
-// agent's link, as an io.ReadWriteCloser.
+// link is one `sandbox exec <id> -- sandgate agent`: the agent's link, as
+// an io.ReadWriteCloser, and the process that runs it. With `sandgate
+// sandbox` the link is a unix socket (sock) whose other end is the
+// agent's stdin and stdout; with Google's CLI it is the CLI's stdin and
+// stdout pipes.
 type link struct {
 	cmd    *exec.Cmd
-	stdin  io.WriteCloser
+	sock   *net.UnixConn  // the socketpair end (our CLI), or nil
+	stdin  io.WriteCloser // the pipes (Google's CLI), or nil
 	stdout io.ReadCloser
 	stderr *limitedBuffer
 	done   chan struct{}
@@ -260,40 +267,90 @@ type link struct {
 	once   sync.Once
 }
 
-func (k *link) Read(p []byte) (int, error)  { return k.stdout.Read(p) }
-func (k *link) Write(p []byte) (int, error) { return k.stdin.Write(p) }
+func (k *link) Read(p []byte) (int, error) {
+	if k.sock != nil {
+		return k.sock.Read(p)
+	}
+	return k.stdout.Read(p)
+}
+
+func (k *link) Write(p []byte) (int, error) {
+	if k.sock != nil {
+		return k.sock.Write(p)
+	}
+	return k.stdin.Write(p)
+}
+
+// transport is what the agent client speaks on: the socket itself when
+// there is one, so that the client can receive the sockets the agent
+// passes (agent.Info.FDPass), else the pipes. Closing it ends the agent as
+// Close does, without waiting for the process; Close still reaps it.
+func (k *link) transport() io.ReadWriteCloser {
+	if k.sock != nil {
+		return k.sock
+	}
+	return k
+}
 
 // Close ends the link: the agent sees EOF on its stdin and exits; if it
 // does not within a few seconds the CLI process is killed.
 func (k *link) Close() error {
 	k.once.Do(func() {
-		k.stdin.Close()
+		if k.sock != nil {
+			k.sock.Close()
+		} else {
+			k.stdin.Close()
+		}
 		select {
 		case <-k.done:
 		case <-time.After(5 * time.Second):
 			k.cmd.Process.Kill()
 			<-k.done
 		}
-		k.stdout.Close()
+		if k.stdout != nil {
+			k.stdout.Close()
+		}
 	})
 	return nil
 }
 
 // startAgent runs `sandbox exec <id> -- AgentPath agent` with its stdio as
 // the returned link. The process lives until the link is closed or the
-// agent exits; ctx bounds only the start.
+// agent exits.
+//
+// Our CLI hands its own stdio descriptors to the command (SCM_RIGHTS, no
+// copy), so for it the link is one end of a unix socketpair given as both
+// stdin and stdout: the agent can then pass each egress connection's
+// socket to the service instead of copying its bytes. Google's CLI relays
+// its stdio itself, so it gets pipes (a socket would gain nothing).
 func (l *Launcher) startAgent(id string) (*link, error) {
 	cmd := l.command(context.Background(), "exec", id, "--", AgentPath, "agent")
 	k := &link{cmd: cmd, stderr: &limitedBuffer{}, done: make(chan struct{})}
-	var err error
-	if k.stdin, err = cmd.StdinPipe(); err != nil {
-		return nil, err
-	}
-	if k.stdout, err = cmd.StdoutPipe(); err != nil {
-		return nil, err
+	var child *os.File // the agent's end, closed here once the CLI has it
+	if l.google {
+		var err error
+		if k.stdin, err = cmd.StdinPipe(); err != nil {
+			return nil, err
+		}
+		if k.stdout, err = cmd.StdoutPipe(); err != nil {
+			return nil, err
+		}
+	} else {
+		var err error
+		if k.sock, child, err = socketpair(); err != nil {
+			return nil, fmt.Errorf("starting the agent in sandbox %s: %w", id, err)
+		}
+		cmd.Stdin, cmd.Stdout = child, child
 	}
 	cmd.Stderr = k.stderr
-	if err := cmd.Start(); err != nil {
+	err := cmd.Start()
+	if child != nil {
+		child.Close() // the CLI has its copy; ours would hide the agent's exit (no EOF)
+	}
+	if err != nil {
+		if k.sock != nil {
+			k.sock.Close()
+		}
 		return nil, fmt.Errorf("starting the agent in sandbox %s: %w", id, err)
 	}
 	go func() {
@@ -301,6 +358,24 @@ func (l *Launcher) startAgent(id string) (*link, error) {
 		close(k.done)
 	}()
 	return k, nil
+}
+
+// socketpair returns the two ends of a new unix stream socketpair: ours as
+// a *net.UnixConn, the other as a file for a child's stdio. Both are
+// close-on-exec here; os/exec gives the child its own copy.
+func socketpair() (*net.UnixConn, *os.File, error) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, nil, fmt.Errorf("socketpair: %w", err)
+	}
+	ours := os.NewFile(uintptr(fds[0]), "agent-link")
+	c, err := net.FileConn(ours)
+	ours.Close() // FileConn made its own duplicate
+	if err != nil {
+		unix.Close(fds[1])
+		return nil, nil, fmt.Errorf("socketpair: %w", err)
+	}
+	return c.(*net.UnixConn), os.NewFile(uintptr(fds[1]), "agent-stdio"), nil
 }
 
 // exitReason explains why a link's process ended, for logs and errors.

@@ -117,7 +117,7 @@ func (s *Sandbox) connect(ctx context.Context) (*agent.Client, *link, error) {
 	}
 	hctx, stop := context.WithTimeout(ctx, agentHelloWait)
 	defer stop()
-	c, err := agent.NewClient(hctx, k, agent.ClientOptions{
+	c, err := agent.NewClient(hctx, k.transport(), agent.ClientOptions{
 		Config: s.opts.Agent,
 		Egress: s.egress,
 		Logger: s.log,

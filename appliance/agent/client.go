@@ -30,7 +30,8 @@ type ClientOptions struct {
 	// Logger receives operational messages. Nil discards.
 	Logger *slog.Logger
 
-	version int // ProtocolVersion when zero; tests play other releases
+	version int           // ProtocolVersion when zero; tests play other releases
+	fdTTL   time.Duration // how long a passed socket waits for its request; requestTimeout when zero
 }
 
 // Info is what the agent said about itself in the hello exchange.
@@ -38,6 +39,10 @@ type Info struct {
 	Version   int    // its protocol version (always ProtocolVersion)
 	RelayAddr string // the relay listener's bound address inside the sandbox
 	PID       int    // the agent's pid, as the sandbox sees it
+	// FDPass reports that the agent hands egress connections over as
+	// sockets (SCM_RIGHTS) instead of copying their bytes over the link:
+	// both ends of the link are one unix stream socket. See README.md.
+	FDPass bool
 }
 
 // Client is the service side of an agent link: every operation opens a
@@ -50,23 +55,43 @@ type Client struct {
 	log    *slog.Logger
 	info   Info
 	closed atomic.Bool // Close was called
+
+	fds     *fdTable        // sockets the agent passed; nil unless the link is a unix socket
+	linkCtx context.Context // ends when the link is down
 }
 
 // NewClient starts the service side of a link on conn (in production, the
 // stdio of `sandbox exec <id> -- sandgate agent`) and performs the hello
 // exchange under ctx. An agent of another protocol version is refused with
 // an error matching ErrVersionMismatch. On error conn is closed.
+//
+// When conn is a *net.UnixConn (a stream socket whose other end is the
+// agent's stdin and stdout), the client also asks the agent to pass egress
+// connections as sockets (Info.FDPass); any other conn, or an agent that
+// cannot, carries their bytes over the link.
 func NewClient(ctx context.Context, conn io.ReadWriteCloser, opts ClientOptions) (*Client, error) {
 	log := opts.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
+	}
+	var fds *fdTable
+	if uc, ok := conn.(*net.UnixConn); ok && unixStream(uc) {
+		ttl := opts.fdTTL
+		if ttl <= 0 {
+			ttl = requestTimeout
+		}
+		fds = newFDTable(log, ttl)
+		conn = &fdReceiver{uc: uc, oob: make([]byte, fdOOBBytes), tab: fds}
 	}
 	sess, err := yamux.Client(conn, yamuxConfig(log))
 	if err != nil {
 		conn.Close()
 		return nil, fmt.Errorf("agent link: %w", err)
 	}
-	c := &Client{sess: sess, opts: opts, log: log}
+	c := &Client{sess: sess, opts: opts, log: log, fds: fds, linkCtx: linkContext(sess.CloseChan())}
+	if fds != nil {
+		go fds.janitor(sess.CloseChan())
+	}
 	if c.opts.version == 0 {
 		c.opts.version = ProtocolVersion
 	}
@@ -82,6 +107,21 @@ func NewClient(ctx context.Context, conn io.ReadWriteCloser, opts ClientOptions)
 		return nil, &Error{Op: "hello", Code: codeVersion, Message: fmt.Sprintf("the agent speaks protocol %d and the service %d: run the sandgate agent of the service's own release in the sandbox", resp.Version, c.opts.version)}
 	}
 	c.info = Info{Version: resp.Version, RelayAddr: resp.RelayAddr, PID: resp.PID}
+	if fds != nil {
+		// An agent of an older release answers "unknown op": its egress
+		// then goes over the link, as does any agent whose stdio is not
+		// this socket.
+		r, err := c.call(ctx, request{Op: "fdpass"})
+		switch {
+		case err == nil:
+			c.info.FDPass = r.FDPass
+		case sess.IsClosed() || ctx.Err() != nil:
+			sess.Close()
+			return nil, err
+		default:
+			log.Debug("agent: the agent does not pass sockets; egress goes over the link", "err", err)
+		}
+	}
 	// Egress streams opened before this wait in yamux's accept backlog.
 	go c.acceptLoop()
 	return c, nil
@@ -147,14 +187,14 @@ func (c *Client) incoming(st *yamux.Stream, release func()) {
 	var req request
 	st.SetReadDeadline(time.Now().Add(requestTimeout))
 	kind, p, err := readFrameMax(st, &buf, maxIncomingMsg)
-	release()
 	if err == nil && kind == kindMsg {
 		req, err = decodeRequest(p)
 	} else if err == nil {
 		err = errProtocol
 	}
 	st.SetReadDeadline(time.Time{})
-	if err != nil || req.Op != "egress" || c.opts.Egress == nil {
+	if err != nil || req.Op != "egress" {
+		release()
 		if err != nil {
 			c.log.Warn("agent: bad stream from the agent", "err", err)
 		}
@@ -162,7 +202,45 @@ func (c *Client) incoming(st *yamux.Stream, release func()) {
 		st.Close()
 		return
 	}
+	if req.FD != 0 {
+		// The stream only named the socket: it has nothing more to carry.
+		st.Close()
+		conn, err := c.claimEgress(req.FD) // holds its pending slot while it waits
+		release()
+		if err != nil {
+			c.log.Warn("agent: refused a socket the agent passed for egress", "fd", req.FD, "from", req.From, "err", err)
+			return
+		}
+		if c.opts.Egress == nil {
+			conn.Close()
+			return
+		}
+		// As on the stream path, the link going down cuts the connection.
+		stop := context.AfterFunc(c.linkCtx, func() { conn.Close() })
+		defer stop()
+		c.opts.Egress(conn)
+		return
+	}
+	release()
+	if c.opts.Egress == nil {
+		st.SetDeadline(timeZero1)
+		st.Close()
+		return
+	}
 	c.opts.Egress(&streamConn{Stream: st, local: Addr{c.info.RelayAddr}, remote: Addr{req.From}})
+}
+
+// claimEgress takes the socket the agent passed as number seq and checks
+// that it is a connected TCP socket.
+func (c *Client) claimEgress(seq uint64) (*net.TCPConn, error) {
+	if c.fds == nil {
+		return nil, errors.New("the link is not a unix socket and cannot carry sockets")
+	}
+	fd, err := c.fds.claim(seq, c.fds.ttl)
+	if err != nil {
+		return nil, err
+	}
+	return egressConn(fd)
 }
 
 // opStream is one operation's stream on the client side.

@@ -9,7 +9,10 @@
 // direction the agent opens a stream per connection accepted on its relay
 // listener (127.0.0.1:3128 by default), which the service hands to
 // relay.Proxy under the sandbox's identity: the link a stream came on is the
-// identity, never anything the stream says.
+// identity, never anything the stream says. When the link is a unix socket
+// (`sandgate sandbox`), the agent passes the accepted socket itself
+// (SCM_RIGHTS) and the stream only names it, so egress bytes never cross
+// the agent.
 //
 // Only `sandgate agent` ever appears on a command line. Configuration,
 // commands and environments travel over the link, in the first exchange

@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/netip"
@@ -14,6 +15,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -33,9 +35,22 @@ type egressEnv struct {
 	ca    *tlstest.CA
 	rings *audit.Rings
 	sb    *relay.Sandbox
+
+	mu    sync.Mutex
+	types map[string]int // the Go types of the conns handed to Egress
 }
 
-func newEgressEnv(t *testing.T) *egressEnv {
+// connTypes returns how many conns of each Go type reached Egress.
+func (e *egressEnv) connTypes() map[string]int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return maps.Clone(e.types)
+}
+
+func newEgressEnv(t *testing.T) *egressEnv { return newEgressEnvOver(t, netPipe) }
+
+// newEgressEnvOver is newEgressEnv with the link over a transport of kind.
+func newEgressEnvOver(t *testing.T, kind transport) *egressEnv {
 	t.Helper()
 	skipIfNotLinux(t)
 	dns := dnstest.Start(t)
@@ -63,11 +78,17 @@ func newEgressEnv(t *testing.T) *egressEnv {
 	sb := relay.NewSandbox("sb-agent-test", pol, nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(func() { cancel(); proxy.Close(); sb.Close() })
-	l := startLink(t, ClientOptions{
+	e := &egressEnv{ca: ca, rings: rings, sb: sb, types: map[string]int{}}
+	e.l = startLinkOver(t, kind, ClientOptions{
 		Config: Config{BaseURLs: map[string]string{"ANTHROPIC_BASE_URL": "https://api.example.com"}},
-		Egress: func(c net.Conn) { proxy.ServeConn(ctx, c, sb) },
-	})
-	return &egressEnv{l: l, ca: ca, rings: rings, sb: sb}
+		Egress: func(c net.Conn) {
+			e.mu.Lock()
+			e.types[fmt.Sprintf("%T", c)]++
+			e.mu.Unlock()
+			proxy.ServeConn(ctx, c, sb)
+		},
+	}, nil)
+	return e
 }
 
 // event waits (bounded) for an audit event matching fn.
@@ -86,9 +107,30 @@ func (e *egressEnv) event(t *testing.T, fn func(audit.Event) bool) audit.Event {
 
 // TestEgressThroughRelay: connections to the agent's relay listener reach
 // relay.Proxy over the link, as tunnels and as base-URL routes, and are
-// judged under the link's sandbox.
+// judged under the link's sandbox. Over a socketpair they are the
+// sandbox's own sockets, passed (a *net.TCPConn reaches Egress); over
+// net.Pipe their bytes travel on yamux streams.
 func TestEgressThroughRelay(t *testing.T) {
-	e := newEgressEnv(t)
+	for _, kind := range []transport{netPipe, socketPair} {
+		t.Run(kind.String(), func(t *testing.T) {
+			e := newEgressEnvOver(t, kind)
+			testEgressThroughRelay(t, e)
+			want, fdPass := "*agent.streamConn", false
+			if kind == socketPair {
+				want, fdPass = "*net.TCPConn", true
+			}
+			if got := e.l.c.Info().FDPass; got != fdPass {
+				t.Errorf("Info().FDPass = %v, want %v", got, fdPass)
+			}
+			types := e.connTypes()
+			if len(types) != 1 || types[want] < 3 {
+				t.Errorf("Egress got conns %v, want 3 or more, all %s", types, want)
+			}
+		})
+	}
+}
+
+func testEgressThroughRelay(t *testing.T, e *egressEnv) {
 	relayAddr := e.l.c.Info().RelayAddr
 
 	// A process in the sandbox using HTTPS_PROXY (CONNECT).
@@ -146,7 +188,12 @@ func TestEgressCurl(t *testing.T) {
 	if _, err := exec.LookPath("curl"); err != nil {
 		t.Skip("curl is not installed on this machine")
 	}
-	e := newEgressEnv(t)
+	for _, kind := range []transport{netPipe, socketPair} {
+		t.Run(kind.String(), func(t *testing.T) { testEgressCurl(t, newEgressEnvOver(t, kind)) })
+	}
+}
+
+func testEgressCurl(t *testing.T, e *egressEnv) {
 	ca := filepath.Join(t.TempDir(), "ca.pem")
 	if err := os.WriteFile(ca, e.ca.PEM, 0o644); err != nil {
 		t.Fatal(err)

@@ -81,7 +81,14 @@ type transport int
 const (
 	netPipe transport = iota
 	osPipes
+	// socketPair is a unix stream socketpair, each end a *net.UnixConn:
+	// the link `sandgate sandbox` gives, over which sockets are passed.
+	socketPair
 )
+
+func (k transport) String() string {
+	return [...]string{"net.Pipe", "os.Pipe", "socketpair"}[k]
+}
 
 // pipePair returns the two ends of a transport.
 func pipePair(t testing.TB, kind transport) (io.ReadWriteCloser, io.ReadWriteCloser) {
@@ -89,6 +96,9 @@ func pipePair(t testing.TB, kind transport) (io.ReadWriteCloser, io.ReadWriteClo
 	if kind == netPipe {
 		a, b := net.Pipe()
 		return a, b
+	}
+	if kind == socketPair {
+		return unixPair(t)
 	}
 	r1, w1, err := os.Pipe()
 	if err != nil {
@@ -99,6 +109,26 @@ func pipePair(t testing.TB, kind transport) (io.ReadWriteCloser, io.ReadWriteClo
 		t.Fatal(err)
 	}
 	return rwc{r1, w2}, rwc{r2, w1}
+}
+
+// unixPair returns the two ends of a unix stream socketpair.
+func unixPair(t testing.TB) (*net.UnixConn, *net.UnixConn) {
+	t.Helper()
+	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ends [2]*net.UnixConn
+	for i, fd := range fds {
+		f := os.NewFile(uintptr(fd), "socketpair")
+		c, err := net.FileConn(f)
+		f.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		ends[i] = c.(*net.UnixConn)
+	}
+	return ends[0], ends[1]
 }
 
 // rwc joins a read and a write pipe.

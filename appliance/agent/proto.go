@@ -69,6 +69,11 @@ type request struct {
 
 	// egress (agent → service)
 	From string `json:"from,omitempty"`
+	// FD names the socket passed with SCM_RIGHTS for this egress
+	// connection, by its number in the order the agent attached sockets to
+	// the link (from 1); zero means the connection's bytes follow on the
+	// stream.
+	FD uint64 `json:"fd,omitempty"`
 }
 
 // response answers a request, and also carries the messages that end a
@@ -81,6 +86,9 @@ type response struct {
 	Version   int    `json:"version,omitempty"`
 	RelayAddr string `json:"relayAddr,omitempty"`
 	PID       int    `json:"pid,omitempty"`
+
+	// fdpass: the agent passes egress connections as sockets from now on
+	FDPass bool `json:"fdPass,omitempty"`
 
 	// exec
 	ID uint64 `json:"id,omitempty"`
@@ -116,7 +124,7 @@ type wireExit struct {
 var knownOps = map[string]bool{
 	"hello": true, "ping": true, "exec": true, "signal": true, "killall": true,
 	"read": true, "write": true, "stat": true, "mkdir": true, "remove": true,
-	"tarin": true, "tarout": true, "dial": true, "egress": true,
+	"tarin": true, "tarout": true, "dial": true, "egress": true, "fdpass": true,
 }
 
 // readFrame reads one frame from r into buf (grown as needed) and returns

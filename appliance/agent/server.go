@@ -52,6 +52,12 @@ const (
 //
 // A link closed by the service is the normal end and returns nil; an ended
 // ctx returns its cause.
+//
+// When the link is a unix stream socket — conn is a *net.UnixConn, or conn
+// is the process's stdio and fd 0 and fd 1 were one such socket when it
+// started — and the service asks for it, egress connections are passed to
+// the service as sockets instead of copied over the link (README.md,
+// "Descriptor passing").
 func Serve(ctx context.Context, conn io.ReadWriteCloser, opts ServerOptions) error {
 	return newServer(opts).serve(ctx, conn)
 }
@@ -74,6 +80,12 @@ type server struct {
 	stopped   bool // the link ended: no listener may start any more
 
 	egressActive atomic.Int64
+
+	// fd attaches descriptors to the link: nil unless the link is a unix
+	// stream socket. fdPass is set once the service asked for sockets
+	// (op fdpass): only a service reading with recvmsg may get them.
+	fd     *fdSender
+	fdPass atomic.Bool
 }
 
 func newServer(opts ServerOptions) *server {
@@ -85,6 +97,7 @@ func newServer(opts ServerOptions) *server {
 }
 
 func (s *server) serve(ctx context.Context, conn io.ReadWriteCloser) error {
+	conn, s.fd = agentLink(conn)
 	sess, err := yamux.Server(conn, yamuxConfig(s.log))
 	if err != nil {
 		return fmt.Errorf("agent: %w", err)
@@ -198,6 +211,13 @@ func (s *server) handle(st *yamux.Stream) {
 		s.tarOut(st, f, req)
 	case "dial":
 		s.dial(st, f, req)
+	case "fdpass":
+		// Sockets only go to a service that asked: one whose link is
+		// not a unix socket (Cloud Run's CLI relays bytes) never asks.
+		if s.fd != nil {
+			s.fdPass.Store(true)
+		}
+		f.msg(response{FDPass: s.fd != nil})
 	default:
 		f.msg(response{Error: toWire(invalid("op %q is not served by the agent", req.Op))})
 	}
@@ -282,6 +302,15 @@ func (s *server) acceptEgress(ln net.Listener) {
 }
 
 func (s *server) egress(c *net.TCPConn) {
+	if s.fdPass.Load() {
+		fd, err := dupConn(c)
+		if err == nil {
+			s.passFD(fd, c.RemoteAddr().String())
+			c.Close() // the service holds the socket now
+			return
+		}
+		s.log.Warn("agent: cannot duplicate an egress connection; it goes over the link", "err", err)
+	}
 	st, err := s.sess.OpenStream()
 	if err != nil {
 		c.Close()
@@ -296,6 +325,22 @@ func (s *server) egress(c *net.TCPConn) {
 	stop := context.AfterFunc(s.ctx, func() { sc.Close(); c.Close() })
 	defer stop()
 	splice(c, sc)
+}
+
+// passFD hands the socket fd (which it consumes) to the service: fd rides
+// on the link's next write, then an egress stream names it by number.
+// The stream carries nothing else and is closed at once.
+func (s *server) passFD(fd int, from string) {
+	seq, ok := s.fd.attach(fd)
+	if !ok {
+		return
+	}
+	st, err := s.sess.OpenStream()
+	if err != nil {
+		return // the link is down: closing it closes fd
+	}
+	newFramer(st).msg(request{Op: "egress", From: from, FD: seq})
+	st.Close()
 }
 
 // dial connects a stream to 127.0.0.1:<port> inside the sandbox.

@@ -147,7 +147,7 @@ func (r *rig) benchEgress(bulk int64, rounds int, profile string) error {
 		totals[i] = (cu + be + ag + up).Seconds() / gib
 		fmt.Printf("    %-22s %8s %8s %8s %8s %8.2f\n", k.name, per(cu), per(be), agent, per(up), totals[i])
 	}
-	fmt.Println("    * proxy = this bench process: relay.Proxy, plus the yamux link client for the sandbox")
+	fmt.Println("    * proxy = this bench process: relay.Proxy, plus the agent link client for the sandbox")
 	// When the cores are the bottleneck (2 cores, shared), throughput goes
 	// as the inverse of the CPU a byte costs: this ratio is what the
 	// throughput ratio tends to, and it is less disturbed by other load.

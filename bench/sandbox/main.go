@@ -122,7 +122,8 @@ What the figures mean:
               start of a Go process (the CLI) and its connection to the sandbox's init socket.
   egress      curl's own download rate (size / time_total, TLS included) of one large body
               through a CONNECT tunnel; sandbox = curl in the sandbox via HTTPS_PROXY → agent
-              relay listener → yamux over the agent's stdio pipes → relay.Proxy here → upstream;
+              relay listener, which passes each accepted socket to this process (SCM_RIGHTS over
+              the agent's socketpair link; agent CPU ≈ 0 shows it) → relay.Proxy here → upstream;
               standalone = curl on the host → the same relay.Proxy on a TCP listener → upstream.
               CPU per GiB: seconds of CPU each process spent per GiB carried (2 cores shared).
 `)
