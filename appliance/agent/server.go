@@ -53,11 +53,10 @@ const (
 // A link closed by the service is the normal end and returns nil; an ended
 // ctx returns its cause.
 //
-// When the link is a unix stream socket — conn is a *net.UnixConn, or conn
-// is the process's stdio and fd 0 and fd 1 were one such socket when it
-// started — and the service asks for it, egress connections are passed to
-// the service as sockets instead of copied over the link (README.md,
-// "Descriptor passing").
+// When the link is a unix stream socket (conn is a *net.UnixConn, as
+// StdioLink returns for a socketpair on stdio) and the service asks for it,
+// egress connections are passed to the service as sockets instead of
+// copied over the link (README.md, "Descriptor passing").
 func Serve(ctx context.Context, conn io.ReadWriteCloser, opts ServerOptions) error {
 	return newServer(opts).serve(ctx, conn)
 }
