@@ -355,7 +355,7 @@ func TestEgressOnlyThroughTheRelay(t *testing.T) {
 		t.Errorf("audit event for the denied host says allowed: %+v", ev)
 	}
 	// No route out without the relay: straight to the upstream's address.
-	st, _, errs = e.sh(fmt.Sprintf("curl -sS --noproxy '*' --max-time 5 --cacert /tmp/ca.pem --resolve api.example.com:443:%s https://api.example.com/direct", e.upstream))
+	st, _, _ = e.sh(fmt.Sprintf("curl -sS --noproxy '*' --max-time 5 --cacert /tmp/ca.pem --resolve api.example.com:443:%s https://api.example.com/direct", e.upstream))
 	if st.Success() {
 		t.Errorf("a direct connection to the upstream's address worked from inside the sandbox")
 	}

@@ -311,7 +311,7 @@ func (c *Client) fail(ctx context.Context, op string, err error) error {
 			ae.Op = op
 		}
 		return ae
-	case ctx != nil && ctx.Err() != nil:
+	case ctx.Err() != nil:
 		return fmt.Errorf("agent %s: %w", op, context.Cause(ctx))
 	case c.sess.IsClosed():
 		return fmt.Errorf("agent %s: %w", op, c.Err())
@@ -481,7 +481,7 @@ func (p *Process) read(stdout, stderr io.Writer) {
 	for {
 		kind, payload, err := readFrame(p.o.st, &p.o.buf)
 		if err != nil {
-			p.err = p.c.fail(nil, "exec", err)
+			p.err = p.c.fail(context.Background(), "exec", err)
 			p.status.Code = -1
 			return
 		}
@@ -493,7 +493,7 @@ func (p *Process) read(stdout, stderr io.Writer) {
 		case kindMsg:
 			var m response
 			if err := decodeMsg(payload, &m); err != nil {
-				p.err, p.status.Code = p.c.fail(nil, "exec", err), -1
+				p.err, p.status.Code = p.c.fail(context.Background(), "exec", err), -1
 				return
 			}
 			switch {
@@ -503,7 +503,7 @@ func (p *Process) read(stdout, stderr io.Writer) {
 				p.status = ExitStatus{Code: m.Exit.Code, Signal: syscall.Signal(m.Exit.Signal)}
 				p.err = werr
 			default:
-				p.err, p.status.Code = p.c.fail(nil, "exec", fmt.Errorf("%w: unexpected message", errProtocol)), -1
+				p.err, p.status.Code = p.c.fail(context.Background(), "exec", fmt.Errorf("%w: unexpected message", errProtocol)), -1
 			}
 			return
 		}

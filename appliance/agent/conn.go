@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -137,14 +136,6 @@ func splice(a, b halfCloser) {
 	}
 	a.Close()
 	b.Close()
-}
-
-// errClosedLink wraps the reason a link went down.
-func errClosedLink(cause error) error {
-	if cause == nil || errors.Is(cause, io.EOF) || errors.Is(cause, yamux.ErrSessionShutdown) {
-		return ErrLinkDown
-	}
-	return errors.Join(ErrLinkDown, cause)
 }
 
 // timeZero1 is a deadline long past: setting it cuts pending reads or

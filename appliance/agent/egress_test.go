@@ -47,9 +47,8 @@ func (e *egressEnv) connTypes() map[string]int {
 	return maps.Clone(e.types)
 }
 
-func newEgressEnv(t *testing.T) *egressEnv { return newEgressEnvOver(t, netPipe) }
-
-// newEgressEnvOver is newEgressEnv with the link over a transport of kind.
+// newEgressEnvOver is a real relay.Proxy serving the egress of a link over
+// a transport of kind.
 func newEgressEnvOver(t *testing.T, kind transport) *egressEnv {
 	t.Helper()
 	skipIfNotLinux(t)

@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -87,7 +86,8 @@ func build(t testing.TB, pkg, name string, env, flags []string) string {
 			return
 		}
 		args := append([]string{"build", "-o", r.path}, flags...)
-		cmd := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), append(args, pkg)...)
+		// go test puts its own toolchain first on the tests' PATH.
+		cmd := exec.Command("go", append(args, pkg)...)
 		cmd.Env = append(os.Environ(), env...)
 		if out, err := cmd.CombinedOutput(); err != nil {
 			r.err = fmt.Errorf("go build %s: %v\n%s", pkg, err, out)
