@@ -256,18 +256,29 @@ func runSandboxRun(c *cli.Context) error {
 		}
 		opts.Mounts = append(opts.Mounts, mt)
 	}
-	detach := c.Bool("detach")
-	wait := func() {}
-	if !detach {
-		if opts.Stdio, wait, err = stdioFiles(c, c.Bool("stdin"), c.Bool("stdout"), c.Bool("stderr")); err != nil {
-			return err
-		}
-	}
 	m, err := sandboxManager(c)
 	if err != nil {
 		return err
 	}
-	p, err := m.Run(c.Context, opts)
+	return launch(c, c.Bool("detach"), c.Bool("stdin"), c.Bool("stdout"), c.Bool("stderr"), func(stdio localbox.Stdio) (*localbox.Process, error) {
+		opts.Stdio = stdio
+		return m.Run(c.Context, opts)
+	})
+}
+
+// launch starts a sandbox and its command with start, connected to the
+// CLI's stdio (the streams in, out and errOut say which) unless detach, then
+// follows the command to its end or detaches from it.
+func launch(c *cli.Context, detach, in, out, errOut bool, start func(localbox.Stdio) (*localbox.Process, error)) error {
+	var stdio localbox.Stdio
+	wait := func() {}
+	if !detach {
+		var err error
+		if stdio, wait, err = stdioFiles(c, in, out, errOut); err != nil {
+			return err
+		}
+	}
+	p, err := start(stdio)
 	if err != nil {
 		wait()
 		return sandboxErr(err)
@@ -356,23 +367,9 @@ func runSandboxFork(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	detach := c.Bool("detach")
-	var stdio localbox.Stdio
-	wait := func() {}
-	if !detach {
-		if stdio, wait, err = stdioFiles(c, true, true, true); err != nil {
-			return err
-		}
-	}
-	p, err := m.Fork(c.Context, pos[0], pos[1], stdio)
-	if err != nil {
-		wait()
-		return sandboxErr(err)
-	}
-	if detach {
-		return p.Detach()
-	}
-	return follow(c, p, wait)
+	return launch(c, c.Bool("detach"), true, true, true, func(stdio localbox.Stdio) (*localbox.Process, error) {
+		return m.Fork(c.Context, pos[0], pos[1], stdio)
+	})
 }
 
 func runSandboxDelete(c *cli.Context) error {
