@@ -232,7 +232,7 @@ func (c *Client) incoming(st *yamux.Stream, release func()) {
 
 // claimEgress takes the socket the agent passed as number seq and checks
 // that it is a connected TCP socket.
-func (c *Client) claimEgress(seq uint64) (*net.TCPConn, error) {
+func (c *Client) claimEgress(seq uint64) (net.Conn, error) {
 	if c.fds == nil {
 		return nil, errors.New("the link is not a unix socket and cannot carry sockets")
 	}

@@ -116,7 +116,7 @@ func TestEgressThroughRelay(t *testing.T) {
 			testEgressThroughRelay(t, e)
 			want, fdPass := "*agent.streamConn", false
 			if kind == socketPair {
-				want, fdPass = "*net.TCPConn", true
+				want, fdPass = "*agent.passedConn", true
 			}
 			if got := e.l.c.Info().FDPass; got != fdPass {
 				t.Errorf("Info().FDPass = %v, want %v", got, fdPass)

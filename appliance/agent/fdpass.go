@@ -366,12 +366,12 @@ func (t *fdTable) size() int {
 }
 
 // egressConn checks that fd, passed by the agent, is a connected TCP
-// socket and returns it as a *net.TCPConn. The agent is untrusted (code in
+// socket and returns it as a passedConn. The agent is untrusted (code in
 // the sandbox may have taken it over) and may send any descriptor it
 // holds: a file, a listening socket, a unix socket or a datagram socket is
 // refused. fd is consumed either way.
-func egressConn(fd int) (*net.TCPConn, error) {
-	fail := func(format string, a ...any) (*net.TCPConn, error) {
+func egressConn(fd int) (net.Conn, error) {
+	fail := func(format string, a ...any) (net.Conn, error) {
 		unix.Close(fd)
 		return nil, fmt.Errorf(format, a...)
 	}
@@ -415,7 +415,12 @@ func egressConn(fd int) (*net.TCPConn, error) {
 		c.Close()
 		return nil, fmt.Errorf("became a %T, want a TCP connection", c)
 	}
-	return tc, nil
+	pc, err := newPassedConn(tc)
+	if err != nil {
+		tc.Close()
+		return nil, err
+	}
+	return pc, nil
 }
 
 // linkContext returns a context that ends, with cause ErrLinkDown, when

@@ -207,8 +207,8 @@ func TestFDPassHostile(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatalf("Egress got nothing for a connected TCP socket within 10s; log:\n%s", r.logs.String())
 	}
-	if _, ok := c.(*net.TCPConn); !ok {
-		t.Errorf("Egress got a %T, want *net.TCPConn", c)
+	if _, ok := c.(*passedConn); !ok {
+		t.Errorf("Egress got a %T, want *passedConn", c)
 	}
 	io.WriteString(c, "through the passed socket")
 	c.Close()
@@ -356,7 +356,7 @@ func TestFDPassProcess(t *testing.T) {
 	defer conn.Close()
 	conn.SetDeadline(time.Now().Add(10 * time.Second))
 	b, err := io.ReadAll(conn)
-	if err != nil || string(b) != "served a *net.TCPConn" {
+	if err != nil || string(b) != "served a *agent.passedConn" {
 		t.Errorf("through the relay listener: %q, %v; want the passed socket served", b, err)
 	}
 	// Commands still work over the taken-over link.
