@@ -5,7 +5,6 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -39,7 +38,7 @@ func probeWasm(t *testing.T) []byte {
 // wasmRuntime is one runtime per test, closed when it ends.
 func wasmRuntime(t *testing.T, cfg wasm.Config) *wasm.Runtime {
 	t.Helper()
-	cfg.CacheDir = filepath.Join(os.TempDir(), "sandgate-wasm-test-cache")
+	cfg.CacheDir = gobuild.Scratch(t, "wasm-cache")
 	r, err := wasm.NewRuntime(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -56,10 +56,15 @@ func produce() {
 }
 
 // testConfig is the agent configuration tests use: a relay listener on a
-// free port and a kill-all scope that can never reach beyond the test's
-// own processes.
+// free port, a kill-all scope that can never reach beyond the test's own
+// processes, and a HOME (a command's default directory) the test's user
+// can enter: the default /root is not, when the tests run as another user.
 func testConfig() Config {
-	return Config{RelayAddr: "127.0.0.1:0", KillScope: KillDescendants}
+	home := DefaultHome
+	if os.Geteuid() != 0 {
+		home = os.TempDir()
+	}
+	return Config{RelayAddr: "127.0.0.1:0", KillScope: KillDescendants, Home: home}
 }
 
 func skipIfNotLinux(t testing.TB) {
@@ -158,6 +163,9 @@ func startLinkOver(t *testing.T, kind transport, opts ClientOptions, tweak func(
 	}
 	if opts.Config.KillScope == "" {
 		opts.Config.KillScope = KillDescendants
+	}
+	if opts.Config.Home == "" {
+		opts.Config.Home = testConfig().Home
 	}
 	svc, agentEnd := pipePair(t, kind)
 	s := newServer(ServerOptions{})

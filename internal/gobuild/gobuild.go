@@ -85,7 +85,9 @@ func build(t testing.TB, pkg, name string, env, flags []string) string {
 		if r.err = os.MkdirAll(filepath.Dir(r.path), 0o755); r.err != nil {
 			return
 		}
-		args := append([]string{"build", "-o", r.path}, flags...)
+		// No VCS stamp: a checkout owned by another user (CI, or tests
+		// run as non-root) makes git refuse to report its status.
+		args := append([]string{"build", "-buildvcs=false", "-o", r.path}, flags...)
 		// go test puts its own toolchain first on the tests' PATH.
 		cmd := exec.Command("go", append(args, pkg)...)
 		cmd.Env = append(os.Environ(), env...)
@@ -100,6 +102,22 @@ func build(t testing.TB, pkg, name string, env, flags []string) string {
 		t.Fatal(r.err)
 	}
 	return r.path
+}
+
+// Scratch returns a directory named name that lives as long as the builds
+// (until Cleanup), for what a test process shares between its tests, such
+// as a module compilation cache.
+func Scratch(t testing.TB, name string) string {
+	t.Helper()
+	d, err := outDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(d, name)
+	if err := os.MkdirAll(p, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return p
 }
 
 // Cleanup removes what was built. Call it from TestMain after m.Run: builds

@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -34,12 +33,12 @@ func guest(t testing.TB, name string) []byte {
 	return b
 }
 
-// newRuntime returns a runtime whose compilation cache lives in the test's
-// temporary directory, closed when the test ends.
+// newRuntime returns a runtime whose compilation cache is the test
+// process's own (shared by its tests), closed when the test ends.
 func newRuntime(t testing.TB, cfg Config) *Runtime {
 	t.Helper()
 	if cfg.CacheDir == "" {
-		cfg.CacheDir = filepath.Join(os.TempDir(), "sandgate-wasm-test-cache")
+		cfg.CacheDir = gobuild.Scratch(t, "wasm-cache")
 	}
 	r, err := NewRuntime(context.Background(), cfg)
 	if err != nil {
