@@ -167,6 +167,13 @@ func TestStoppedStartDoesNotWedgeInit(t *testing.T) {
 	// The attacker has done its part; end it from the host. The init must
 	// still serve.
 	_ = attacker.Signal(syscall.SIGKILL)
+	gone := make(chan struct{})
+	go func() { attacker.Wait(); close(gone) }()
+	select {
+	case <-gone: // no stop signal of its can reach the next start
+	case <-time.After(10 * time.Second):
+		t.Fatal("the attacker did not end within 10s of SIGKILL")
+	}
 	if ended, err := execTrue(m, "stall", 10*time.Second); !ended || err != nil {
 		t.Errorf("after a start held stopped was killed, exec true: ended %v, %v (stuck child: %d)", ended, err, stoppedPreExecChild(initPid))
 	}
