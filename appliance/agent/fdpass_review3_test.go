@@ -332,22 +332,22 @@ func TestReview3TinyWritesFullOfFDs(t *testing.T) {
 	// A yamux ping (SYN, stream 0, opaque 7): valid bytes on the link.
 	ping := []byte{0, 2, 0, 1, 0, 0, 0, 0, 0, 0, 0, 7}
 	const perWrite = 253
-	r.s.fd.wmu.Lock() // the agent's own writes wait: no interleaving
+	r.s.sender().wmu.Lock() // the agent's own writes wait: no interleaving
 	for _, b := range ping {
 		fds := make([]int, perWrite)
 		for i := range fds {
 			fds[i] = dupOf(t, null)
 		}
-		_, _, err := r.s.fd.uc.WriteMsgUnix([]byte{b}, unix.UnixRights(fds...), nil)
+		_, _, err := r.s.sender().uc.WriteMsgUnix([]byte{b}, unix.UnixRights(fds...), nil)
 		for _, fd := range fds {
 			unix.Close(fd)
 		}
 		if err != nil {
-			r.s.fd.wmu.Unlock()
+			r.s.sender().wmu.Unlock()
 			t.Fatal(err)
 		}
 	}
-	r.s.fd.wmu.Unlock()
+	r.s.sender().wmu.Unlock()
 	tab := r.l.c.fds
 	sent := uint64(len(ping) * perWrite)
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {

@@ -233,7 +233,7 @@ func TestFDPassCap(t *testing.T) {
 	}
 	const sent = maxHeldFDs + 44
 	for range sent {
-		if _, ok := r.s.fd.attach(dupOf(t, null)); !ok {
+		if _, ok := r.s.sender().attach(dupOf(t, null)); !ok {
 			t.Fatal("attach refused on a live link")
 		}
 	}

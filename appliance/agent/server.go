@@ -87,6 +87,21 @@ type server struct {
 	fdPass atomic.Bool
 }
 
+// sender returns the link's descriptor sender (nil unless the link is a
+// unix stream socket) and session, for code that runs beside serve rather
+// than in the goroutines it starts.
+func (s *server) sender() *fdSender {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.fd
+}
+
+func (s *server) session() *yamux.Session {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.sess
+}
+
 func newServer(opts ServerOptions) *server {
 	log := opts.Logger
 	if log == nil {
@@ -96,12 +111,14 @@ func newServer(opts ServerOptions) *server {
 }
 
 func (s *server) serve(ctx context.Context, conn io.ReadWriteCloser) error {
-	conn, s.fd = agentLink(conn)
+	conn, fd := agentLink(conn)
 	sess, err := yamux.Server(conn, yamuxConfig(s.log))
 	if err != nil {
 		return fmt.Errorf("agent: %w", err)
 	}
-	s.sess = sess
+	s.mu.Lock()
+	s.fd, s.sess = fd, sess
+	s.mu.Unlock()
 	s.ctx, s.cancel = context.WithCancelCause(ctx)
 	defer s.cancel(errors.New("agent stopped"))
 	stop := context.AfterFunc(s.ctx, func() { sess.Close() })
@@ -330,11 +347,11 @@ func (s *server) egress(c *net.TCPConn) {
 // on the link's next write, then an egress stream names it by number.
 // The stream carries nothing else and is closed at once.
 func (s *server) passFD(fd int, from string) {
-	seq, ok := s.fd.attach(fd)
+	seq, ok := s.sender().attach(fd)
 	if !ok {
 		return
 	}
-	st, err := s.sess.OpenStream()
+	st, err := s.session().OpenStream()
 	if err != nil {
 		return // the link is down: closing it closes fd
 	}
