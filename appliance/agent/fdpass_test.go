@@ -106,7 +106,7 @@ func (r *fdRig) waitLog(t *testing.T, s string, n int) {
 // may.
 func (r *fdRig) request(t *testing.T, seq uint64) {
 	t.Helper()
-	st, err := r.s.sess.OpenStream()
+	st, err := r.s.session().OpenStream()
 	if err != nil {
 		t.Fatal(err)
 	}
