@@ -39,6 +39,58 @@ func setBlocking(t *testing.T, c *net.TCPConn) {
 	}
 }
 
+// tcpPair is a connected pair of loopback TCP sockets: the dialer's end,
+// and the accepted end that the sandbox passes (it keeps its own copy).
+func tcpPair(t *testing.T) (net.Conn, *net.TCPConn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	d, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	pc, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pc.Close() })
+	return d, pc.(*net.TCPConn)
+}
+
+// proxyRig is a link over a socketpair whose egress a real relay.Proxy
+// (configured by cfg, with a resolver that is never asked) serves through
+// egress, under one sandbox.
+func proxyRig(t *testing.T, cfg relay.Config, egress func(c net.Conn, serve func(net.Conn))) (*fdRig, *relay.Proxy) {
+	t.Helper()
+	res, err := netpolicy.NewDNSResolver(netpolicy.ResolverConfig{Servers: []string{"127.0.0.1:9"}, Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { res.Close() })
+	cfg.Decider = &netpolicy.Decider{Resolver: res}
+	proxy, err := relay.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pol, err := netpolicy.ParsePolicy([]byte(`{"mode":"custom","allowedHosts":["api.example.com"]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb := relay.NewSandbox("sb-review3", pol, nil)
+	t.Cleanup(sb.Close)
+	serve := func(c net.Conn) { proxy.ServeConn(context.Background(), c, sb) }
+	r := &fdRig{logs: &syncbuf.Buffer{}}
+	r.l = startLinkOver(t, socketPair, ClientOptions{
+		Logger: slog.New(slog.NewJSONHandler(r.logs, nil)),
+		Egress: func(c net.Conn) { egress(c, serve) },
+	}, func(s *server) { r.s = s })
+	return r, proxy
+}
+
 // TestReview3BlockingPassedSocket: a hostile agent passes a connected TCP
 // socket, keeps its own copy and clears O_NONBLOCK on it after the
 // service made it non-blocking. The service's read then blocks in the
@@ -49,22 +101,7 @@ func setBlocking(t *testing.T, c *net.TCPConn) {
 func TestReview3BlockingPassedSocket(t *testing.T) {
 	skipIfNotLinux(t)
 	r := newFDRig(t)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	d, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
-	pc, err := ln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	peer := pc.(*net.TCPConn) // the sandbox's own copy of the accepted socket
-	defer peer.Close()
+	d, peer := tcpPair(t) // peer: the sandbox's own copy of the accepted socket
 
 	r.s.passFD(dupOf(t, peer), "hostile")
 	var c net.Conn
@@ -125,49 +162,14 @@ func TestReview3BlockingPassedSocket(t *testing.T) {
 // Proxy.Close — the service's shutdown — does not return.
 func TestReview3BlockingSocketHangsProxy(t *testing.T) {
 	skipIfNotLinux(t)
-	res, err := netpolicy.NewDNSResolver(netpolicy.ResolverConfig{Servers: []string{"127.0.0.1:9"}, Timeout: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer res.Close()
-	proxy, err := relay.New(relay.Config{Decider: &netpolicy.Decider{Resolver: res}, HeaderTimeout: 200 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	pol, err := netpolicy.ParsePolicy([]byte(`{"mode":"custom","allowedHosts":["api.example.com"]}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	sb := relay.NewSandbox("sb-review3", pol, nil)
-	defer sb.Close()
 	served := make(chan struct{}, 1)
 	finished := make(chan struct{}, 1)
-	r := &fdRig{logs: &syncbuf.Buffer{}}
-	r.l = startLinkOver(t, socketPair, ClientOptions{
-		Logger: slog.New(slog.NewJSONHandler(r.logs, nil)),
-		Egress: func(c net.Conn) {
-			served <- struct{}{}
-			proxy.ServeConn(context.Background(), c, sb)
-			finished <- struct{}{}
-		},
-	}, func(s *server) { r.s = s })
-
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	d, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
-	pc, err := ln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	peer := pc.(*net.TCPConn)
-	defer peer.Close()
+	r, proxy := proxyRig(t, relay.Config{HeaderTimeout: 200 * time.Millisecond}, func(c net.Conn, serve func(net.Conn)) {
+		served <- struct{}{}
+		serve(c)
+		finished <- struct{}{}
+	})
+	d, peer := tcpPair(t)
 	r.s.passFD(dupOf(t, peer), "hostile")
 	select {
 	case <-served:
@@ -218,63 +220,23 @@ func TestReview3BlockingSocketHangsProxy(t *testing.T) {
 // attacker races the service for it, and each race it wins is a thread.
 func TestReview3BlockingSocketBeyondCap(t *testing.T) {
 	skipIfNotLinux(t)
-	res, err := netpolicy.NewDNSResolver(netpolicy.ResolverConfig{Servers: []string{"127.0.0.1:9"}, Timeout: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer res.Close()
-	proxy, err := relay.New(relay.Config{Decider: &netpolicy.Decider{Resolver: res}, MaxConns: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer proxy.Close()
-	pol, err := netpolicy.ParsePolicy([]byte(`{"mode":"custom","allowedHosts":["api.example.com"]}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	sb := relay.NewSandbox("sb-review3", pol, nil)
-	defer sb.Close()
 	served := make(chan struct{}, 2)
 	goOn := make(chan struct{}, 2)
 	finished := make(chan struct{}, 2)
-	r := &fdRig{logs: &syncbuf.Buffer{}}
-	r.l = startLinkOver(t, socketPair, ClientOptions{
-		Logger: slog.New(slog.NewJSONHandler(r.logs, nil)),
-		Egress: func(c net.Conn) {
-			served <- struct{}{}
-			<-goOn
-			proxy.ServeConn(context.Background(), c, sb)
-			finished <- struct{}{}
-		},
-	}, func(s *server) { r.s = s })
-
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	pair := func() (net.Conn, *net.TCPConn) {
-		d, err := net.Dial("tcp", ln.Addr().String())
-		if err != nil {
-			t.Fatal(err)
-		}
-		pc, err := ln.Accept()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return d, pc.(*net.TCPConn)
-	}
+	r, proxy := proxyRig(t, relay.Config{MaxConns: 1}, func(c net.Conn, serve func(net.Conn)) {
+		served <- struct{}{}
+		<-goOn
+		serve(c)
+		finished <- struct{}{}
+	})
+	defer proxy.Close()
 	// The first connection takes the sandbox's one slot and idles.
-	d1, p1 := pair()
-	defer d1.Close()
-	defer p1.Close()
+	_, p1 := tcpPair(t)
 	r.s.passFD(dupOf(t, p1), "slot")
 	<-served
 	goOn <- struct{}{}
 
-	d2, p2 := pair()
-	defer d2.Close()
-	defer p2.Close()
+	d2, p2 := tcpPair(t)
 	r.s.passFD(dupOf(t, p2), "hostile")
 	select {
 	case <-served:
