@@ -15,12 +15,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sandgate/sandgate/appliance/localbox"
 )
 
 // GoogleCLI is where Cloud Run puts its sandbox command when sandboxes are
@@ -31,18 +32,6 @@ const GoogleCLI = "/usr/local/gcp/bin/sandbox"
 // every sandbox, read-only. It is the only program the launcher ever names
 // on a sandbox CLI's command line.
 const AgentPath = "/.sandgate/sandgate"
-
-// idPattern is the sandbox id rule shared by both CLIs.
-var idPattern = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9-]*$`)
-
-// CheckID reports whether id is a valid sandbox id, with an error naming
-// the rule when it is not.
-func CheckID(id string) error {
-	if len(id) > 63 || !idPattern.MatchString(id) {
-		return fmt.Errorf("sandbox id %q: want 1 to 63 letters, digits and dashes, starting with a letter or digit", id)
-	}
-	return nil
-}
 
 // LauncherConfig chooses and configures the sandbox CLI.
 type LauncherConfig struct {
@@ -143,7 +132,7 @@ type CreateOptions struct {
 // which holds the sandbox open and reaps orphans; the service's agent is
 // started with Agent.
 func (l *Launcher) Create(ctx context.Context, id string, opts CreateOptions) error {
-	if err := CheckID(id); err != nil {
+	if err := localbox.CheckID(id); err != nil {
 		return err
 	}
 	args := []string{"run", id, "--detach", "--write",
@@ -173,7 +162,7 @@ func (l *Launcher) Tar(ctx context.Context, id, file string) error {
 
 // Fork starts sandbox dst, detached, from a copy of src's writable layer.
 func (l *Launcher) Fork(ctx context.Context, src, dst string) error {
-	if err := CheckID(dst); err != nil {
+	if err := localbox.CheckID(dst); err != nil {
 		return err
 	}
 	return l.do(ctx, "fork", src, dst, "--detach")

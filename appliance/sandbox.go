@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sandgate/sandgate/appliance/agent"
+	"github.com/sandgate/sandgate/appliance/localbox"
 	"github.com/sandgate/sandgate/netpolicy"
 	"github.com/sandgate/sandgate/relay"
 	"github.com/sandgate/sandgate/transforms"
@@ -73,7 +74,7 @@ const (
 // opts.Transforms) and starts its agent. On failure nothing of the sandbox
 // is left behind.
 func Create(ctx context.Context, l *Launcher, proxy *relay.Proxy, id string, opts Options) (*Sandbox, error) {
-	if err := CheckID(id); err != nil {
+	if err := localbox.CheckID(id); err != nil { // the id rule both CLIs share
 		return nil, err
 	}
 	s := &Sandbox{id: id, l: l, proxy: proxy, opts: opts, log: l.log.With("sandbox", id), ready: make(chan struct{})}
