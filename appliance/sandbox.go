@@ -45,7 +45,7 @@ type Sandbox struct {
 	id    string
 	l     *Launcher
 	proxy *relay.Proxy
-	relay *relay.Sandbox
+	relay *relay.Tenant
 	opts  Options
 	log   *slog.Logger
 
@@ -78,7 +78,7 @@ func Create(ctx context.Context, l *Launcher, proxy *relay.Proxy, id string, opt
 		return nil, err
 	}
 	s := &Sandbox{id: id, l: l, proxy: proxy, opts: opts, log: l.log.With("sandbox", id), ready: make(chan struct{})}
-	s.relay = relay.NewSandbox(id, opts.Policy, opts.Transforms)
+	s.relay = relay.NewTenant(id, opts.Policy, opts.Transforms)
 	if opts.Modules != nil {
 		s.relay.SetModules(opts.Modules)
 	}
@@ -108,7 +108,7 @@ func (s *Sandbox) ID() string { return s.id }
 
 // Relay returns the sandbox's identity in the egress proxy: change its
 // policy or rules there, read its audit events by its ID.
-func (s *Sandbox) Relay() *relay.Sandbox { return s.relay }
+func (s *Sandbox) Relay() *relay.Tenant { return s.relay }
 
 // connect starts an agent and performs the hello exchange.
 func (s *Sandbox) connect(ctx context.Context) (*agent.Client, *link, error) {

@@ -19,7 +19,7 @@ import (
 // clientConn is one connection from a sandbox, served request by request.
 type clientConn struct {
 	p  *Proxy
-	sb *Sandbox
+	sb *Tenant
 	c  net.Conn
 	br *bufio.Reader
 	bw *bufio.Writer
@@ -34,7 +34,7 @@ type clientConn struct {
 	linger bool
 }
 
-func newClientConn(p *Proxy, sb *Sandbox, c net.Conn) *clientConn {
+func newClientConn(p *Proxy, sb *Tenant, c net.Conn) *clientConn {
 	cc := &clientConn{p: p, sb: sb, c: c}
 	if r, ok := p.readers.Get().(*bufio.Reader); ok {
 		r.Reset(c)
@@ -135,7 +135,7 @@ func (cc *clientConn) stop() {
 	}
 }
 
-func (s *Sandbox) acquire(max int) bool {
+func (s *Tenant) acquire(max int) bool {
 	if s.open.Add(1) > int64(max) {
 		s.open.Add(-1)
 		return false
@@ -143,7 +143,7 @@ func (s *Sandbox) acquire(max int) bool {
 	return true
 }
 
-func (s *Sandbox) release() { s.open.Add(-1) }
+func (s *Tenant) release() { s.open.Add(-1) }
 
 // handle answers one request and reports whether the connection may carry
 // another.

@@ -69,7 +69,7 @@ func FuzzServeConn(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	sb := NewSandbox("fuzz", netpolicy.Policy{Mode: netpolicy.DenyAll}, nil)
+	sb := NewTenant("fuzz", netpolicy.Policy{Mode: netpolicy.DenyAll}, nil)
 	f.Fuzz(func(t *testing.T, data []byte) {
 		client, server := net.Pipe()
 		done := make(chan struct{})

@@ -54,7 +54,7 @@ type Config struct {
 	ResponseHeaderTimeout time.Duration
 	// Modules are WebAssembly transform modules applied, in order, to every
 	// sandbox's base-URL routes, before the sandbox's own modules
-	// (Sandbox.SetModules) and before the secret swap. Nil means none. The
+	// (Tenant.SetModules) and before the secret swap. Nil means none. The
 	// caller owns them (closes them after the proxy).
 	Modules *wasm.Chain
 }
@@ -113,10 +113,10 @@ func New(cfg Config) (*Proxy, error) {
 	return p, nil
 }
 
-// Sandbox is the identity and rules that connections on one listener or
-// link are served under. Its policy and transformations may be changed while
+// Tenant is one sandbox as the proxy sees it: the identity and rules that
+// connections on one listener or link are served under. Its policy and transformations may be changed while
 // it is served; each request sees one version or the other.
-type Sandbox struct {
+type Tenant struct {
 	id         string
 	policy     atomic.Pointer[netpolicy.Policy]
 	transforms *transforms.RuleSet
@@ -127,26 +127,26 @@ type Sandbox struct {
 	pool *upstreamPool
 }
 
-// NewSandbox returns the identity for sandbox id with a network policy and
+// NewTenant returns the identity for sandbox id with a network policy and
 // transformation rules (nil means none).
-func NewSandbox(id string, policy netpolicy.Policy, rules *transforms.RuleSet) *Sandbox {
+func NewTenant(id string, policy netpolicy.Policy, rules *transforms.RuleSet) *Tenant {
 	if rules == nil {
 		rules = transforms.NewRuleSet()
 	}
-	s := &Sandbox{id: id, transforms: rules}
+	s := &Tenant{id: id, transforms: rules}
 	s.policy.Store(&policy)
 	return s
 }
 
 // ID returns the sandbox id.
-func (s *Sandbox) ID() string { return s.id }
+func (s *Tenant) ID() string { return s.id }
 
 // Policy returns the current network policy.
-func (s *Sandbox) Policy() netpolicy.Policy { return *s.policy.Load() }
+func (s *Tenant) Policy() netpolicy.Policy { return *s.policy.Load() }
 
 // SetPolicy replaces the network policy. Kept-alive upstream connections
 // are dropped, so nothing dialed under the old policy is reused.
-func (s *Sandbox) SetPolicy(p netpolicy.Policy) {
+func (s *Tenant) SetPolicy(p netpolicy.Policy) {
 	s.policy.Store(&p)
 	s.tmu.Lock()
 	if s.pool != nil {
@@ -156,7 +156,7 @@ func (s *Sandbox) SetPolicy(p netpolicy.Policy) {
 }
 
 // Transforms returns the sandbox's live transformation rules.
-func (s *Sandbox) Transforms() *transforms.RuleSet { return s.transforms }
+func (s *Tenant) Transforms() *transforms.RuleSet { return s.transforms }
 
 // SetModules replaces the sandbox's own WebAssembly transform modules
 // (nil means none). They run after the proxy's service-wide modules
@@ -164,13 +164,13 @@ func (s *Sandbox) Transforms() *transforms.RuleSet { return s.transforms }
 // the chain it started with. The caller owns the modules; closing an old
 // chain while requests use it is safe (instances in use close when they are
 // returned; a request that has yet to reach a closed module fails with 502).
-func (s *Sandbox) SetModules(c *wasm.Chain) { s.modules.Store(c) }
+func (s *Tenant) SetModules(c *wasm.Chain) { s.modules.Store(c) }
 
 // Modules returns the sandbox's own transform modules (nil when none).
-func (s *Sandbox) Modules() *wasm.Chain { return s.modules.Load() }
+func (s *Tenant) Modules() *wasm.Chain { return s.modules.Load() }
 
 // Close releases the sandbox's kept-alive upstream connections.
-func (s *Sandbox) Close() {
+func (s *Tenant) Close() {
 	s.tmu.Lock()
 	if s.pool != nil {
 		s.pool.closeIdle()
@@ -181,7 +181,7 @@ func (s *Sandbox) Close() {
 // upstream returns the sandbox's own pool of upstream connections. Each
 // sandbox has its own, so a connection dialed under one sandbox's policy is
 // never reused for another's request.
-func (s *Sandbox) upstream(p *Proxy) *upstreamPool {
+func (s *Tenant) upstream(p *Proxy) *upstreamPool {
 	s.tmu.Lock()
 	defer s.tmu.Unlock()
 	if s.pool == nil {
@@ -194,7 +194,7 @@ func (s *Sandbox) upstream(p *Proxy) *upstreamPool {
 // ends or ln fails, then closes ln and returns when every connection it
 // accepted is finished: idle ones are closed at once, requests and tunnels
 // in progress are let finish (until Close).
-func (p *Proxy) Serve(ctx context.Context, ln net.Listener, sb *Sandbox) error {
+func (p *Proxy) Serve(ctx context.Context, ln net.Listener, sb *Tenant) error {
 	stop := context.AfterFunc(ctx, func() { ln.Close() })
 	defer stop()
 	defer ln.Close()
@@ -226,7 +226,7 @@ func (p *Proxy) Serve(ctx context.Context, ln net.Listener, sb *Sandbox) error {
 // connection is closed if it is between requests; a request or tunnel in
 // progress is let finish, until Close cuts it. ServeConn returns when the
 // connection is finished.
-func (p *Proxy) ServeConn(ctx context.Context, c net.Conn, sb *Sandbox) {
+func (p *Proxy) ServeConn(ctx context.Context, c net.Conn, sb *Tenant) {
 	if !p.track(c) {
 		c.Close()
 		return

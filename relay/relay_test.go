@@ -39,7 +39,7 @@ type env struct {
 	ca      *tlstest.CA
 	decider *netpolicy.Decider
 	proxy   *Proxy
-	sb      *Sandbox
+	sb      *Tenant
 	addr    string // proxy listen address
 	rings   *audit.Rings
 	log     *syncbuf.Buffer    // audit JSON lines and operational logs
@@ -93,7 +93,7 @@ func newEnvTB(t testing.TB, policy string, rules string, opts ...envOpt) *env {
 		}
 		rs.Set(list...)
 	}
-	e.sb = NewSandbox("sb-test", pol, rs)
+	e.sb = NewTenant("sb-test", pol, rs)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -34,7 +34,7 @@ type egressEnv struct {
 	l     *link
 	ca    *tlstest.CA
 	rings *audit.Rings
-	sb    *relay.Sandbox
+	sb    *relay.Tenant
 
 	mu    sync.Mutex
 	types map[string]int // the Go types of the conns handed to Egress
@@ -74,7 +74,7 @@ func newEgressEnvOver(t *testing.T, kind transport) *egressEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sb := relay.NewSandbox("sb-agent-test", pol, nil)
+	sb := relay.NewTenant("sb-agent-test", pol, nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(func() { cancel(); proxy.Close(); sb.Close() })
 	e := &egressEnv{ca: ca, rings: rings, sb: sb, types: map[string]int{}}

@@ -80,7 +80,7 @@ func proxyRig(t *testing.T, cfg relay.Config, egress func(c net.Conn, serve func
 	if err != nil {
 		t.Fatal(err)
 	}
-	sb := relay.NewSandbox("sb-review3", pol, nil)
+	sb := relay.NewTenant("sb-review3", pol, nil)
 	t.Cleanup(sb.Close)
 	serve := func(c net.Conn) { proxy.ServeConn(context.Background(), c, sb) }
 	r := &fdRig{logs: &syncbuf.Buffer{}}

@@ -9,7 +9,7 @@ import (
 // BenchmarkRunDetach measures `run --detach` until the first command has
 // run in the new sandbox (an exec of true), deletes excluded.
 func BenchmarkRunDetach(b *testing.B) {
-	m := newManager(b)
+	m := newRuntime(b)
 	ctx := context.Background()
 	for i := 0; b.Loop(); i++ {
 		id := fmt.Sprintf("bench-%d", i)
@@ -36,7 +36,7 @@ func BenchmarkRunDetach(b *testing.B) {
 // BenchmarkExecTrue measures an `exec true` round trip in a running
 // sandbox: request, fork in the sandbox, exit code back.
 func BenchmarkExecTrue(b *testing.B) {
-	m := newManager(b)
+	m := newRuntime(b)
 	runDetached(b, m, "bench", nil)
 	ctx := context.Background()
 	for b.Loop() {

@@ -25,7 +25,7 @@ import (
 // directory on the host (kept to write stopped.json): through it a command
 // wrote outside its layer, and ".." walked to the host's root.
 func TestInitForkerThreadLeaksNoHostDirectory(t *testing.T) {
-	m := newManager(t)
+	m := newRuntime(t)
 	runDetached(t, m, "leak", nil)
 	script := `for fd in /proc/1/task/*/fd/*; do
 	if [ -d "$fd" ] && echo pwned > "$fd/review-escape" 2>/dev/null; then echo "ESCAPE via $fd"; fi
@@ -45,7 +45,7 @@ echo checked`
 // PTRACE_SEIZE. Attaching to the forker thread gave a command the init's
 // memory, and with it the threads that hold every capability.
 func TestInitNotPtraceable(t *testing.T) {
-	m := newManager(t)
+	m := newRuntime(t)
 	runDetached(t, m, "trace", nil)
 	script := `python3 - <<'EOF'
 import ctypes, os
@@ -70,7 +70,7 @@ EOF`
 // memory, descriptors, executable (the host binary), root or working
 // directory. Controls: the same files of the command's own process open.
 func TestInitThreadsUnreadable(t *testing.T) {
-	m := newManager(t)
+	m := newRuntime(t)
 	runDetached(t, m, "threads", nil)
 	script := `n=0
 for task in /proc/1/task/*; do
@@ -99,7 +99,7 @@ echo checked`
 // directory, init.log (fds 1 and 2) and the host's cgroup CPU files that
 // the Go runtime keeps open.
 func TestInitHoldsNoHostFiles(t *testing.T) {
-	m := newManager(t)
+	m := newRuntime(t)
 	runDetached(t, m, "fds", nil)
 	var rs runState
 	if err := readJSON(filepath.Join(m.sandboxDir("fds"), stateFile), &rs); err != nil {
@@ -137,7 +137,7 @@ func TestInitHoldsNoHostFiles(t *testing.T) {
 // process, which was the init (the Go binary) rather than the writer, so the
 // whole sandbox crashed instead of the offending command failing.
 func TestOOMKillsCommandNotInit(t *testing.T) {
-	m := newManager(t)
+	m := newRuntime(t)
 	runDetached(t, m, "oom", func(o *RunOptions) { o.Memory = 64 << 20 })
 	var rs runState
 	if err := readJSON(filepath.Join(m.sandboxDir("oom"), stateFile), &rs); err != nil {
@@ -181,7 +181,7 @@ func TestOOMKillsCommandNotInit(t *testing.T) {
 // (DefaultTmpSize, DefaultShmSize) and as configured, and that filling
 // one fails the writer, not the sandbox.
 func TestTmpfsSizes(t *testing.T) {
-	m := newManager(t)
+	m := newRuntime(t)
 	size := `echo $(( $(stat -f -c '%b*%S' /tmp) )) $(( $(stat -f -c '%b*%S' /dev/shm) ))`
 	runDetached(t, m, "dflt", nil)
 	if code, out, errOut := sh(t, m, "dflt", size); code != 0 || out != strconv.Itoa(DefaultTmpSize)+" "+strconv.Itoa(DefaultShmSize)+"\n" {
@@ -207,7 +207,7 @@ func TestTmpfsSizes(t *testing.T) {
 // kernel's interfaces, devices, the host's root, or the sandboxes' state,
 // each with an error naming the rule, and creates nothing.
 func TestMountSourceRules(t *testing.T) {
-	m := newManager(t)
+	m := newRuntime(t)
 	inside := filepath.Join(m.StateDir(), "other")
 	if err := os.Mkdir(inside, 0o700); err != nil {
 		t.Fatal(err)
@@ -245,7 +245,7 @@ func TestMountSourceRules(t *testing.T) {
 // TestMountSourceRecheckedByInit skips Run's check (as a path swapped
 // after it would) and finds the init refusing the source itself.
 func TestMountSourceRecheckedByInit(t *testing.T) {
-	m := newManager(t)
+	m := newRuntime(t)
 	cfg := Config{ID: "late", Rootfs: "/", Cmd: []string{"true"}, Mounts: []Mount{{Source: "/proc", Destination: "/mnt/x"}}}
 	_, err := m.create(testCtx(t), &cfg, func(upper string) error { return os.Mkdir(upper, 0o755) }, Stdio{})
 	if err == nil || !strings.Contains(err.Error(), "proc file system") {

@@ -21,7 +21,7 @@ func TestIsolation(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(stateDir) })
-	m, err := New(stateDir)
+	m, err := NewRuntime(stateDir)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -28,10 +28,10 @@ func needRoot(t testing.TB) {
 	}
 }
 
-func newManager(t testing.TB) *Manager {
+func newRuntime(t testing.TB) *Runtime {
 	t.Helper()
 	needRoot(t)
-	m, err := New(t.TempDir())
+	m, err := NewRuntime(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,7 +87,7 @@ func (o *output) String(t testing.TB) string {
 }
 
 // runDetached starts a sandbox whose command sleeps, so exec can run in it.
-func runDetached(t testing.TB, m *Manager, id string, mod func(*RunOptions)) {
+func runDetached(t testing.TB, m *Runtime, id string, mod func(*RunOptions)) {
 	t.Helper()
 	opts := RunOptions{Config: Config{ID: id, Write: true, Cmd: []string{"sleep", "infinity"}}}
 	if mod != nil {
@@ -104,7 +104,7 @@ func runDetached(t testing.TB, m *Manager, id string, mod func(*RunOptions)) {
 
 // sh runs a shell script in the sandbox and returns its exit code, stdout
 // and stderr.
-func sh(t testing.TB, m *Manager, id, script string) (int, string, string) {
+func sh(t testing.TB, m *Runtime, id, script string) (int, string, string) {
 	t.Helper()
 	out, errOut := newOutput(t), newOutput(t)
 	p, err := m.Exec(testCtx(t), id, ExecOptions{Cmd: []string{"sh", "-c", script}, Stdio: Stdio{Stdout: out.w, Stderr: errOut.w}})

@@ -280,7 +280,7 @@ func mountInfo(id uint64) []string {
 
 // checkMounts applies the source rules to every mount of cfg before the
 // sandbox is created.
-func (m *Manager) checkMounts(cfg *Config) error {
+func (m *Runtime) checkMounts(cfg *Config) error {
 	for _, mt := range cfg.Mounts {
 		fd, err := openMountSource(mt.Source, m.dir)
 		if err != nil {

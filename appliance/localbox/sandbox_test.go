@@ -19,7 +19,7 @@ import (
 )
 
 func TestRunOutputAndExitCode(t *testing.T) {
-	m := newManager(t)
+	m := newRuntime(t)
 	out := newOutput(t)
 	p, err := m.Run(testCtx(t), RunOptions{Config: Config{ID: "out", Cmd: []string{"sh", "-c", "echo hello $GREETING; exit 7"}, Env: []string{"GREETING=world"}}, Stdio: Stdio{Stdout: out.w}})
 	if err != nil {
@@ -57,7 +57,7 @@ func TestRunOutputAndExitCode(t *testing.T) {
 
 // assertGone checks that nothing of a sandbox is left: no directory, no
 // process, no mount, no cgroup.
-func assertGone(t *testing.T, m *Manager, id string, rs runState) {
+func assertGone(t *testing.T, m *Runtime, id string, rs runState) {
 	t.Helper()
 	dir := m.sandboxDir(id)
 	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
@@ -81,7 +81,7 @@ func assertGone(t *testing.T, m *Manager, id string, rs runState) {
 }
 
 func TestDetachExecDeleteLeavesNothing(t *testing.T) {
-	m := newManager(t)
+	m := newRuntime(t)
 	runDetached(t, m, "life", nil)
 	code, out, _ := sh(t, m, "life", "echo $0 in $(hostname); exit 5")
 	if code != 5 || out != "sh in life\n" {
@@ -119,7 +119,7 @@ func layerNames(t *testing.T, r io.Reader) map[string]bool {
 }
 
 func TestTarImportAndBindMount(t *testing.T) {
-	m := newManager(t)
+	m := newRuntime(t)
 	src := filepath.Join(t.TempDir(), "tool")
 	if err := os.WriteFile(src, []byte("#!/bin/sh\necho tool says $1\n"), 0o755); err != nil {
 		t.Fatal(err)
@@ -166,7 +166,7 @@ func TestTarImportAndBindMount(t *testing.T) {
 }
 
 func TestFork(t *testing.T) {
-	m := newManager(t)
+	m := newRuntime(t)
 	runDetached(t, m, "src", func(o *RunOptions) { o.Env = []string{"WHO=fork"} })
 	sh(t, m, "src", "echo copied > /root/state")
 	p, err := m.Fork(testCtx(t), "src", "dst", Stdio{})
@@ -185,7 +185,7 @@ func TestFork(t *testing.T) {
 }
 
 func TestCrashRecovery(t *testing.T) {
-	m := newManager(t)
+	m := newRuntime(t)
 	runDetached(t, m, "crash", nil)
 	var rs runState
 	if err := readJSON(filepath.Join(m.sandboxDir("crash"), stateFile), &rs); err != nil {
@@ -212,7 +212,7 @@ func TestCrashRecovery(t *testing.T) {
 }
 
 func TestExecStdinEOF(t *testing.T) {
-	m := newManager(t)
+	m := newRuntime(t)
 	runDetached(t, m, "stdin", nil)
 	r, w, _ := os.Pipe()
 	out := newOutput(t)
@@ -234,7 +234,7 @@ func TestExecStdinEOF(t *testing.T) {
 // TestExecBinaryRoundTrip pushes a few MiB of random bytes through cat in
 // the sandbox: nothing added, lost or reordered.
 func TestExecBinaryRoundTrip(t *testing.T) {
-	m := newManager(t)
+	m := newRuntime(t)
 	runDetached(t, m, "bin", nil)
 	data := make([]byte, 4<<20+17)
 	rand.Read(data)
@@ -256,7 +256,7 @@ func TestExecBinaryRoundTrip(t *testing.T) {
 }
 
 func TestPidsLimit(t *testing.T) {
-	m := newManager(t)
+	m := newRuntime(t)
 	runDetached(t, m, "pids", func(o *RunOptions) { o.Pids = 40; o.Memory = 256 << 20 })
 	var rs runState
 	readJSON(filepath.Join(m.sandboxDir("pids"), stateFile), &rs)
@@ -285,7 +285,7 @@ func TestPidsLimit(t *testing.T) {
 // and the sandbox could not even start a shell. (Fixed in snapshot, which
 // packs such files as literals; this is the round trip through sandboxes.)
 func TestWhiteoutNamedFilesKeepMeaning(t *testing.T) {
-	m := newManager(t)
+	m := newRuntime(t)
 	runDetached(t, m, "wh", nil)
 	if code, out, errOut := sh(t, m, "wh", "echo data > /usr/.wh..wh..opq && echo data > /.wh.opt"); code != 0 {
 		t.Fatalf("exit %d %q %q", code, out, errOut)

@@ -48,7 +48,7 @@ func init() {
 
 // execTrue runs true in the sandbox and reports whether the request ended
 // (started and finished, or refused) within d, and its error.
-func execTrue(m *Manager, id string, d time.Duration) (bool, error) {
+func execTrue(m *Runtime, id string, d time.Duration) (bool, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
 	done := make(chan error, 1)
@@ -107,7 +107,7 @@ func zombieChildren(initPid int) int {
 // serves on: later commands start, exited ones are reaped, and when run's
 // command exits the sandbox stops.
 func TestStoppedStartDoesNotWedgeInit(t *testing.T) {
-	m := newManager(t)
+	m := newRuntime(t)
 	exe, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)

@@ -82,17 +82,17 @@ type stopState struct {
 	Time     time.Time `json:"time"`
 }
 
-// Manager runs sandboxes whose state lives under one directory. Its zero
+// Runtime runs sandboxes whose state lives under one directory. Its zero
 // value is not usable; call New.
-type Manager struct {
+type Runtime struct {
 	dir string
 	exe string
 }
 
-// New returns a Manager for the sandboxes under stateDir ("" means
+// NewRuntime returns a Runtime for the sandboxes under stateDir ("" means
 // DefaultStateDir), creating the directory (mode 0700: it holds every
 // sandbox's files and control socket) if needed.
-func New(stateDir string) (*Manager, error) {
+func NewRuntime(stateDir string) (*Runtime, error) {
 	if stateDir == "" {
 		stateDir = DefaultStateDir
 	}
@@ -106,13 +106,13 @@ func New(stateDir string) (*Manager, error) {
 	if real, err := filepath.EvalSymlinks(abs); err == nil {
 		abs = real
 	}
-	return &Manager{dir: abs, exe: "/proc/self/exe"}, nil
+	return &Runtime{dir: abs, exe: "/proc/self/exe"}, nil
 }
 
-// StateDir returns the directory the Manager keeps its sandboxes in.
-func (m *Manager) StateDir() string { return m.dir }
+// StateDir returns the directory the Runtime keeps its sandboxes in.
+func (m *Runtime) StateDir() string { return m.dir }
 
-func (m *Manager) sandboxDir(id string) string { return filepath.Join(m.dir, id) }
+func (m *Runtime) sandboxDir(id string) string { return filepath.Join(m.dir, id) }
 
 func writeJSON(name string, v any) error {
 	b, err := json.MarshalIndent(v, "", "  ")
@@ -191,7 +191,7 @@ func procAlive(pid int, start uint64) bool {
 }
 
 // info reads a sandbox's state from its directory.
-func (m *Manager) info(id string) (Info, *Config, *runState, error) {
+func (m *Runtime) info(id string) (Info, *Config, *runState, error) {
 	dir := m.sandboxDir(id)
 	var cfg Config
 	if err := readJSON(filepath.Join(dir, configFile), &cfg); err != nil {
@@ -238,7 +238,7 @@ func (m *Manager) info(id string) (Info, *Config, *runState, error) {
 }
 
 // Inspect returns what List would say of one sandbox.
-func (m *Manager) Inspect(id string) (Info, error) {
+func (m *Runtime) Inspect(id string) (Info, error) {
 	if err := CheckID(id); err != nil {
 		return Info{}, err
 	}
@@ -247,7 +247,7 @@ func (m *Manager) Inspect(id string) (Info, error) {
 }
 
 // List returns every sandbox under the state directory, by id.
-func (m *Manager) List() ([]Info, error) {
+func (m *Runtime) List() ([]Info, error) {
 	ents, err := os.ReadDir(m.dir)
 	if err != nil {
 		return nil, err

@@ -124,7 +124,7 @@ func runProxy(c *cli.Context) error {
 		go serveMetrics(ctx, mln, reg, logger)
 		logger.Info("metrics listening", "addr", mln.Addr().String())
 	}
-	sb := relay.NewSandbox(c.String("sandbox-id"), eg.policy, rules)
+	sb := relay.NewTenant(c.String("sandbox-id"), eg.policy, rules)
 	defer sb.Close()
 	logger.Info("proxy listening", "addr", ln.Addr().String(), "sandbox", sb.ID(),
 		"service_hosts", len(eg.decider.ServiceHosts), "transformations", rules.Len(), "transform_modules", modules.Len())

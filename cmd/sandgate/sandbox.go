@@ -111,8 +111,8 @@ func values(c *cli.Context, name string) []string {
 	return nil
 }
 
-func sandboxManager(c *cli.Context) (*localbox.Manager, error) {
-	return localbox.New(c.String("state-dir"))
+func sandboxRuntime(c *cli.Context) (*localbox.Runtime, error) {
+	return localbox.NewRuntime(c.String("state-dir"))
 }
 
 // sandboxErr turns the package's input errors into exit 2.
@@ -256,7 +256,7 @@ func runSandboxRun(c *cli.Context) error {
 		}
 		opts.Mounts = append(opts.Mounts, mt)
 	}
-	m, err := sandboxManager(c)
+	m, err := sandboxRuntime(c)
 	if err != nil {
 		return err
 	}
@@ -297,7 +297,7 @@ func runSandboxExec(c *cli.Context) error {
 	if len(pos) != 1 {
 		return badInput("sandbox exec takes an ID, then -- CMD...")
 	}
-	m, err := sandboxManager(c)
+	m, err := sandboxRuntime(c)
 	if err != nil {
 		return err
 	}
@@ -332,7 +332,7 @@ func runSandboxTar(c *cli.Context) error {
 	if err := localbox.CheckID(pos[0]); err != nil {
 		return sandboxErr(err)
 	}
-	m, err := sandboxManager(c)
+	m, err := sandboxRuntime(c)
 	if err != nil {
 		return err
 	}
@@ -363,7 +363,7 @@ func runSandboxFork(c *cli.Context) error {
 	if len(pos) != 2 || len(rest) > 0 {
 		return badInput("sandbox fork takes SRC and DST")
 	}
-	m, err := sandboxManager(c)
+	m, err := sandboxRuntime(c)
 	if err != nil {
 		return err
 	}
@@ -380,7 +380,7 @@ func runSandboxDelete(c *cli.Context) error {
 	if len(pos) != 1 || len(rest) > 0 {
 		return badInput("sandbox delete takes one ID")
 	}
-	m, err := sandboxManager(c)
+	m, err := sandboxRuntime(c)
 	if err != nil {
 		return err
 	}
@@ -391,7 +391,7 @@ func runSandboxList(c *cli.Context) error {
 	if c.Args().Len() > 0 {
 		return badInput("sandbox list takes no arguments")
 	}
-	m, err := sandboxManager(c)
+	m, err := sandboxRuntime(c)
 	if err != nil {
 		return err
 	}

@@ -38,7 +38,7 @@ const startTimeout = 30 * time.Second
 // once the init is up and the command started; the sandbox outlives the
 // caller (call Detach on the Process to let go of the command, or Wait for
 // its exit code). When the command exits the sandbox stops.
-func (m *Manager) Run(ctx context.Context, opts RunOptions) (*Process, error) {
+func (m *Runtime) Run(ctx context.Context, opts RunOptions) (*Process, error) {
 	cfg := opts.Config
 	cfg.Created = time.Now().UTC()
 	if err := cfg.check(); err != nil {
@@ -75,7 +75,7 @@ type ExecOptions struct {
 // Exec starts a command in the running sandbox id, in its namespaces,
 // root, cgroup and containment, connected to opts.Stdio as file
 // descriptors.
-func (m *Manager) Exec(ctx context.Context, id string, opts ExecOptions) (*Process, error) {
+func (m *Runtime) Exec(ctx context.Context, id string, opts ExecOptions) (*Process, error) {
 	if err := CheckID(id); err != nil {
 		return nil, err
 	}
@@ -106,7 +106,7 @@ func (m *Manager) Exec(ctx context.Context, id string, opts ExecOptions) (*Proce
 // snapshot layer and returns its manifest. /tmp and the mount points of
 // the sandbox are never in it. A running sandbox is frozen (cgroup
 // freezer, where there is one) while the layer is read.
-func (m *Manager) Tar(ctx context.Context, id string, w io.Writer, opts snapshot.PackOptions) (*snapshot.Manifest, error) {
+func (m *Runtime) Tar(ctx context.Context, id string, w io.Writer, opts snapshot.PackOptions) (*snapshot.Manifest, error) {
 	if err := CheckID(id); err != nil {
 		return nil, err
 	}
@@ -134,7 +134,7 @@ func (m *Manager) Tar(ctx context.Context, id string, w io.Writer, opts snapshot
 // Fork creates sandbox dst like src (same rootfs, mounts, environment,
 // limits and command) with a copy of src's upper, and starts it. src may
 // be running: it is frozen while its upper is copied.
-func (m *Manager) Fork(ctx context.Context, src, dst string, stdio Stdio) (*Process, error) {
+func (m *Runtime) Fork(ctx context.Context, src, dst string, stdio Stdio) (*Process, error) {
 	if err := CheckID(src); err != nil {
 		return nil, err
 	}
@@ -177,7 +177,7 @@ func (m *Manager) Fork(ctx context.Context, src, dst string, stdio Stdio) (*Proc
 
 // create makes the sandbox's directory, fills its upper, starts its init
 // and run's command. On failure it leaves nothing behind.
-func (m *Manager) create(ctx context.Context, cfg *Config, fill func(upper string) error, stdio Stdio) (_ *Process, err error) {
+func (m *Runtime) create(ctx context.Context, cfg *Config, fill func(upper string) error, stdio Stdio) (_ *Process, err error) {
 	dir := m.sandboxDir(cfg.ID)
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		if errors.Is(err, fs.ErrExist) {
@@ -404,7 +404,7 @@ func buildScaffold(dir string, cfg *Config) error {
 // Delete stops the sandbox id (every process of it), removes its cgroups
 // and its directory. Without force it refuses a running sandbox. With
 // force it always cleans, whatever state a crash left.
-func (m *Manager) Delete(ctx context.Context, id string, force bool) error {
+func (m *Runtime) Delete(ctx context.Context, id string, force bool) error {
 	if err := CheckID(id); err != nil {
 		return err
 	}
