@@ -38,7 +38,11 @@ func probeWasm(t *testing.T) []byte {
 // wasmRuntime is one runtime per test, closed when it ends.
 func wasmRuntime(t *testing.T, cfg wasm.Config) *wasm.Runtime {
 	t.Helper()
-	cfg.CacheDir = gobuild.Scratch(t, "wasm-cache")
+	cfg.CacheDir = gobuild.WasmCache(t)
+	if cfg.CallTimeout == 0 {
+		// Normal work: a deadline only a hang exceeds, whatever the load.
+		cfg.CallTimeout = time.Minute
+	}
 	r, err := wasm.NewRuntime(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -174,13 +178,16 @@ func TestModuleRefuses(t *testing.T) {
 // A module that fails fails its request closed with a 502 naming it; the
 // proxy goes on serving, on a fresh instance.
 func TestModuleFailureFailsClosed(t *testing.T) {
-	r := wasmRuntime(t, wasm.Config{CallTimeout: 100 * time.Millisecond})
+	// Long enough that the normal requests between the failures never
+	// reach it on a loaded machine; the looping one waits it out.
+	const loopDeadline = 2 * time.Second
+	r := wasmRuntime(t, wasm.Config{CallTimeout: loopDeadline})
 	bad := probeModule(t, r, "flaky", "req if X-Panic panic", "req if X-Loop loop", "req if X-Host set 0 Host evil.example")
 	e := newEnv(t, `{"mode":"custom","allowedHosts":["api.example.com"]}`, "", withModules(wasm.NewChain(bad)))
 	e.upstream("api.example.com", http.HandlerFunc(hello))
 	for i, tc := range []struct{ header, want string }{
 		{"X-Panic", "wasm module flaky trapped in handle_request"},
-		{"X-Loop", "wasm module flaky ran past its 100ms time limit"},
+		{"X-Loop", "wasm module flaky ran past its " + loopDeadline.String() + " time limit"},
 		{"X-Host", "wasm module flaky wrote the Host header; a module cannot change the destination host"},
 	} {
 		req, _ := http.NewRequest("GET", e.routeURL("api.example.com/x"), nil)

@@ -60,7 +60,9 @@ func wasm(t testing.TB, pkg string, flags []string, suffix string) string {
 	// directory of its own per package.
 	sub := strings.NewReplacer("/", "_", ".", "_").Replace(strings.TrimPrefix(pkg, "github.com/sandgate/sandgate/"))
 	name := filepath.Join(sub, filepath.Base(pkg)+suffix)
-	return build(t, pkg, name, []string{"GOOS=wasip1", "GOARCH=wasm", "CGO_ENABLED=0"}, flags)
+	p := build(t, pkg, name, []string{"GOOS=wasip1", "GOARCH=wasm", "CGO_ENABLED=0"}, flags)
+	warmWasmCache(t, p)
+	return p
 }
 
 func build(t testing.TB, pkg, name string, env, flags []string) string {
@@ -145,4 +147,55 @@ func outDir() (string, error) {
 		dir = d
 	}
 	return dir, nil
+}
+
+// WasmCache returns the directory tests give transforms/wasm as its
+// compilation cache (wasm.Config.CacheDir). It is shared by every test
+// process of this user and outlives them: compiling a Go guest under the
+// race detector takes wazero about fifteen seconds, so a module is compiled
+// once, by the uninstrumented sandgate binary (see warmWasmCache), and every
+// test process loads the result. Without a usable cache directory (a user
+// with no home) it is a directory of this process's own.
+func WasmCache(t testing.TB) string {
+	t.Helper()
+	cacheOnce.Do(func() { cacheDir = sharedWasmCache() })
+	if cacheDir == "" {
+		return Scratch(t, "wasm-cache")
+	}
+	return cacheDir
+}
+
+var (
+	cacheOnce sync.Once
+	cacheDir  string
+)
+
+func sharedWasmCache() string {
+	base, err := os.UserCacheDir()
+	if err != nil {
+		return ""
+	}
+	dir := filepath.Join(base, "sandgate-test", "wasm")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return ""
+	}
+	return dir
+}
+
+// wazeroDevVersion makes the warming binary's wazero call itself "dev", as
+// it does inside a test binary (which carries no module versions): the
+// version is part of wazero's cache key, so only then do the race-built
+// tests find what the binary compiled.
+const wazeroDevVersion = "-ldflags=-X github.com/tetratelabs/wazero/internal/version.version=dev"
+
+// warmWasmCache compiles module into WasmCache with a sandgate binary built
+// without the race detector (`sandgate wasm check`, ~2 s where a race-built
+// test takes ~15 s). Whether the module then loads does not matter: the
+// compilation is cached before anything runs, and a test that loads the
+// module reports its own errors.
+func warmWasmCache(t testing.TB, module string) {
+	t.Helper()
+	dir := WasmCache(t)
+	bin := build(t, "github.com/sandgate/sandgate/cmd/sandgate", "sandgate-wasm-warm", nil, []string{wazeroDevVersion})
+	_ = exec.Command(bin, "wasm", "check", "--wasm-cache-dir", dir, module).Run()
 }

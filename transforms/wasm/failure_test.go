@@ -13,13 +13,13 @@ import (
 // Each failure fails its request closed (502 naming the module), the
 // instance is closed, and the next request gets a fresh one and succeeds.
 func TestFailuresReplaceTheInstance(t *testing.T) {
-	r := newRuntime(t, Config{MemoryLimitPages: 512, CallTimeout: 100 * time.Millisecond})
+	r := newRuntime(t, Config{MemoryLimitPages: 512, CallTimeout: loopCallTimeout})
 	tests := []struct {
 		name, cmd, want string
 	}{
 		{"panic", "req if X-Fail panic", "trapped in handle_request: wasm error: unreachable (stderr: panic: probe was told to panic"},
 		{"exit", "req if X-Fail exit 7", "exited with code 7 in handle_request"},
-		{"loop", "req if X-Fail loop", "ran past its 100ms time limit in handle_request"},
+		{"loop", "req if X-Fail loop", "ran past its " + loopCallTimeout.String() + " time limit in handle_request"},
 		{"memory", "req if X-Fail grow 64", "out of memory"},
 		{"abi", "req if X-Fail read1 7 10", "broke the http-wasm ABI in handle_request: read_body: unknown body kind 7"},
 		{"bounds", "req if X-Fail seturi-oob", ""},
@@ -47,6 +47,7 @@ func TestFailuresReplaceTheInstance(t *testing.T) {
 }
 
 func TestHandwrittenTrapAndLoop(t *testing.T) {
+	// Every call here traps or loops: a tight deadline is safe.
 	r := newRuntime(t, Config{CallTimeout: 50 * time.Millisecond})
 	for name, bin := range map[string][]byte{
 		"trap": handler(cat(opUnreachable, opI64Const1)...).bytes(),
@@ -72,7 +73,7 @@ func TestHandwrittenTrapAndLoop(t *testing.T) {
 // A module that loops forever costs only its own requests: others, on
 // other instances and other modules, go on.
 func TestLoopCostsOnlyItsOwnRequest(t *testing.T) {
-	r := newRuntime(t, Config{CallTimeout: 200 * time.Millisecond, PoolSize: 2})
+	r := newRuntime(t, Config{CallTimeout: loopCallTimeout, PoolSize: 2})
 	looper := probe(t, r, "req if X-Loop loop")
 	other := probe(t, r, "req note ok")
 	var wg sync.WaitGroup

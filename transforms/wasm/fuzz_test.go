@@ -9,6 +9,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/sandgate/sandgate/internal/gobuild"
 )
 
 // sendable checks that req can be written on the wire and read back as
@@ -91,7 +93,7 @@ func FuzzChain(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, in []byte) {
 		fuzzModule.once.Do(func() {
-			fuzzModule.r, fuzzModule.err = NewRuntime(context.Background(), Config{CacheDir: "off", MaxBodyBytes: 1 << 16})
+			fuzzModule.r, fuzzModule.err = NewRuntime(context.Background(), Config{CacheDir: gobuild.WasmCache(t), CallTimeout: normalCallTimeout, MaxBodyBytes: 1 << 16})
 			if fuzzModule.err == nil {
 				fuzzModule.m, fuzzModule.err = fuzzModule.r.Load(context.Background(), "fuzz", guest(t, "probe"), []byte("init enable 1\nreq fuzz"))
 			}

@@ -7,7 +7,9 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/sandgate/sandgate/internal/gobuild"
 )
@@ -33,24 +35,61 @@ func guest(t testing.TB, name string) []byte {
 	return b
 }
 
+// Call deadlines in tests. A test of normal work must not depend on a wall
+// clock it does not control: on a loaded machine a call the guest finishes
+// in microseconds can wait a long time for a CPU. So only a test in which
+// every call into the runtime loops (or traps) uses a tight deadline;
+// normal calls get normalCallTimeout, which only a hang exceeds, and a test
+// that runs normal calls beside a looping one uses loopCallTimeout.
+const (
+	normalCallTimeout = time.Minute
+	loopCallTimeout   = 2 * time.Second
+)
+
 // newRuntime returns a runtime whose compilation cache is the test
 // process's own (shared by its tests), closed when the test ends.
 func newRuntime(t testing.TB, cfg Config) *Runtime {
 	t.Helper()
 	if cfg.CacheDir == "" {
-		cfg.CacheDir = gobuild.Scratch(t, "wasm-cache")
+		cfg.CacheDir = gobuild.WasmCache(t)
+	}
+	if cfg.CallTimeout == 0 {
+		cfg.CallTimeout = normalCallTimeout
+	}
+	if cfg.StartTimeout == 0 {
+		cfg.StartTimeout = time.Minute
 	}
 	r, err := NewRuntime(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { r.Close(context.Background()) })
+	t.Cleanup(func() {
+		if pin, ok := pins.LoadAndDelete(r); ok {
+			pin.(*Module).Close(context.Background())
+		}
+		r.Close(context.Background())
+	})
 	return r
 }
+
+// pins holds, per runtime made by newRuntime, one loaded probe that keeps
+// the probe's compiled code in the runtime while subtests load and close
+// their own: otherwise each Load after the last Close decodes and
+// validates the module again, about a second under the race detector.
+var pins sync.Map // *Runtime → *Module
 
 // probe loads the probe guest with a script (lines "PHASE CMD ARGS…").
 func probe(t testing.TB, r *Runtime, script ...string) *Module {
 	t.Helper()
+	if _, ok := pins.Load(r); !ok {
+		pin, err := r.Load(context.Background(), "probe", guest(t, "probe"), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, raced := pins.LoadOrStore(r, pin); raced {
+			pin.Close(context.Background())
+		}
+	}
 	m, err := r.Load(context.Background(), "probe", guest(t, "probe"), []byte(strings.Join(script, "\n")))
 	if err != nil {
 		t.Fatal(err)
