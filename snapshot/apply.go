@@ -84,8 +84,9 @@ const maxTrailing = 1 << 20
 
 // maxDirMeta bounds the directory metadata (names and attributes) held
 // until finishDirs applies it: a directory's mode and times can only be set
-// once its contents stop changing, so it is kept for the whole stream.
-const maxDirMeta = 64 << 20
+// once its contents stop changing, so it is kept for the whole stream. A
+// variable so that a test can prove the bound without 64 MiB of fixture.
+var maxDirMeta int64 = 64 << 20
 
 // dirMetaOverhead is what one retained directory costs besides its name
 // and attributes, for the maxDirMeta budget.

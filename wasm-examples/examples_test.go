@@ -34,19 +34,8 @@ import (
 // upstreamHost is the name every test routes to.
 const upstreamHost = "api.example.com"
 
-// cacheDir holds the module compilation cache the proxies of this run
-// share (the binary and modules are built by internal/gobuild).
-var cacheDir string
-
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "wasm-examples")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	cacheDir = dir
 	code := m.Run()
-	os.RemoveAll(dir)
 	gobuild.Cleanup()
 	os.Exit(code)
 }
@@ -150,14 +139,14 @@ func launch(t *testing.T, mods ...string) (*env, error) {
 	e.auditLog = filepath.Join(dir, "audit.jsonl")
 	args := []string{"proxy", "--listen", "127.0.0.1:0", "--allow", upstreamHost, "--dns", d.Addr,
 		"--allow-private", addr.String() + "/32", "--upstream-ca", caFile, "--audit-log", e.auditLog,
-		"--sandbox-id", "examples-sandbox"}
+		"--sandbox-id", "examples-sandbox", "--wasm-cache-dir", gobuild.WasmCache(t),
+		// Normal work: a call deadline only a hang exceeds, however loaded
+		// the machine (the production default is 100ms).
+		"--wasm-call-timeout", "1m"}
 	for _, m := range mods {
 		args = append(args, "--transform-module", m)
 	}
 	e.cmd = exec.Command(bin, args...)
-	// The proxies of one run share a module compilation cache, kept out of
-	// the user's own cache directory.
-	e.cmd.Env = append(os.Environ(), "XDG_CACHE_HOME="+cacheDir)
 	stderr, err := e.cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)

@@ -27,7 +27,7 @@ func probeGuest(t *testing.T) string {
 
 func TestWasmCheck(t *testing.T) {
 	probe := probeGuest(t)
-	cache := "--wasm-cache-dir=" + t.TempDir()
+	cache := "--wasm-cache-dir=" + gobuild.WasmCache(t)
 	code, out, errOut := runCLI(t, "wasm", "check", probe, "--config", "init enable 1", cache)
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errOut)
@@ -63,11 +63,13 @@ func TestWasmCheck(t *testing.T) {
 
 func TestWasmRun(t *testing.T) {
 	probe := probeGuest(t)
-	cache := "--wasm-cache-dir=" + t.TempDir()
+	cache := "--wasm-cache-dir=" + gobuild.WasmCache(t)
+	// The probe's calls are normal work: a deadline only a hang exceeds.
+	deadline := "--wasm-call-timeout=1m"
 	dir := t.TempDir()
 	reqFile := filepath.Join(dir, "req.http")
 	os.WriteFile(reqFile, []byte("POST /v1/messages?x=1 HTTP/1.1\r\nHost: api.example.com\r\nAuthorization: Bearer sandgate-placeholder-KEY\r\nConnection: close\r\nContent-Length: 5\r\n\r\nhello"), 0o600)
-	code, out, errOut := runCLI(t, "wasm", "run", probe, "--request", reqFile, cache,
+	code, out, errOut := runCLI(t, "wasm", "run", probe, "--request", reqFile, cache, deadline,
 		"--config", "req set 0 X-Added yes\nreq seturi /v2/messages\nreq write 0 bye\nreq note seen")
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errOut)
@@ -79,17 +81,17 @@ func TestWasmRun(t *testing.T) {
 	if !strings.Contains(errOut, "note: probe: seen\n") {
 		t.Errorf("notes not on stderr: %q", errOut)
 	}
-	code, out, _ = runCLI(t, "wasm", "run", probe, "--request", reqFile, cache, "--config", "req refuse 451 no%20way")
+	code, out, _ = runCLI(t, "wasm", "run", probe, "--request", reqFile, cache, deadline, "--config", "req refuse 451 no%20way")
 	if code != exitDenied || out != "refused by probe: 451 no way\n" {
 		t.Errorf("refusal: %d %q", code, out)
 	}
-	code, _, errOut = runCLI(t, "wasm", "run", probe, "--request", reqFile, cache, "--config", "req set 0 Host evil.example")
+	code, _, errOut = runCLI(t, "wasm", "run", probe, "--request", reqFile, cache, deadline, "--config", "req set 0 Host evil.example")
 	if code != exitFailure || !strings.Contains(errOut, "cannot change the destination host") {
 		t.Errorf("failure: %d %q", code, errOut)
 	}
 	noHost := filepath.Join(dir, "nohost.http")
 	os.WriteFile(noHost, []byte("GET / HTTP/1.0\r\n\r\n"), 0o600)
-	if code, _, errOut := runCLI(t, "wasm", "run", probe, "--request", noHost, cache); code != exitBadInput || !strings.Contains(errOut, "Host") {
+	if code, _, errOut := runCLI(t, "wasm", "run", probe, "--request", noHost, cache, deadline); code != exitBadInput || !strings.Contains(errOut, "Host") {
 		t.Errorf("no Host: %d %q", code, errOut)
 	}
 }
@@ -117,7 +119,7 @@ func TestProxyTransformModule(t *testing.T) {
 	os.WriteFile(cfg, []byte("req add 0 X-Order second\nreq note tagged"), 0o600)
 	auditLog := filepath.Join(dir, "audit.jsonl")
 	cmd := exec.Command(bin, "proxy", "--listen", "127.0.0.1:0", "--allow", "api.example.com", "--dns", d.Addr,
-		"--allow-private", a.String()+"/32", "--upstream-ca", caFile, "--audit-log", auditLog, "--wasm-cache-dir", filepath.Join(dir, "cache"),
+		"--allow-private", a.String()+"/32", "--upstream-ca", caFile, "--audit-log", auditLog, "--wasm-cache-dir", gobuild.WasmCache(t), "--wasm-call-timeout", "1m",
 		"--transform-module", probe+"?req add 0 X-Order first,with-comma",
 		"--transform-module", probe+"?@"+cfg)
 	stderr, _ := cmd.StderrPipe()

@@ -25,10 +25,13 @@ var (
 	dir   string
 )
 
-// Sandgate returns the path of ./cmd/sandgate built for this machine.
+// Sandgate returns the path of ./cmd/sandgate built for this machine. Its
+// wazero calls itself "dev", as it does in a test binary, so that the
+// binary and race-built tests share compiled modules (see WasmCache): give
+// it `--wasm-cache-dir` WasmCache(t) when it loads modules.
 func Sandgate(t testing.TB) string {
 	t.Helper()
-	return build(t, "github.com/sandgate/sandgate/cmd/sandgate", "sandgate", nil, nil)
+	return build(t, "github.com/sandgate/sandgate/cmd/sandgate", "sandgate", nil, []string{wazeroDevVersion})
 }
 
 // Wasm returns the path of the Go package pkg (an import path, or a
@@ -182,10 +185,10 @@ func sharedWasmCache() string {
 	return dir
 }
 
-// wazeroDevVersion makes the warming binary's wazero call itself "dev", as
-// it does inside a test binary (which carries no module versions): the
-// version is part of wazero's cache key, so only then do the race-built
-// tests find what the binary compiled.
+// wazeroDevVersion makes the binary's wazero call itself "dev", as it does
+// inside a test binary (which carries no module versions): the version is
+// part of wazero's cache key, so only then do the race-built tests find
+// what the binary compiled.
 const wazeroDevVersion = "-ldflags=-X github.com/tetratelabs/wazero/internal/version.version=dev"
 
 // warmWasmCache compiles module into WasmCache with a sandgate binary built
@@ -196,6 +199,5 @@ const wazeroDevVersion = "-ldflags=-X github.com/tetratelabs/wazero/internal/ver
 func warmWasmCache(t testing.TB, module string) {
 	t.Helper()
 	dir := WasmCache(t)
-	bin := build(t, "github.com/sandgate/sandgate/cmd/sandgate", "sandgate-wasm-warm", nil, []string{wazeroDevVersion})
-	_ = exec.Command(bin, "wasm", "check", "--wasm-cache-dir", dir, module).Run()
+	_ = exec.Command(Sandgate(t), "wasm", "check", "--wasm-cache-dir", dir, module).Run()
 }
