@@ -334,6 +334,8 @@ func (r *DNSResolver) lookup(ctx context.Context, host, name string) ([]netip.Ad
 		// others waiting on the same flight; bounded by r.timeout per try,
 		// and ended by Close.
 		go r.fly(r.base, name, f)
+	} else {
+		f.joined++
 	}
 	r.mu.Unlock()
 
@@ -358,9 +360,10 @@ func (r *DNSResolver) Close() error {
 // dnsFlight is one lookup in progress, shared by everyone who asks for the
 // same name meanwhile. addrs and err are set before done is closed.
 type dnsFlight struct {
-	done  chan struct{}
-	addrs []netip.Addr
-	err   *DNSError
+	done   chan struct{}
+	addrs  []netip.Addr
+	err    *DNSError
+	joined int // callers sharing it besides the first; guarded by r.mu
 }
 
 // fly resolves name for f, caches the result and releases f's waiters.

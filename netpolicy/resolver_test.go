@@ -367,9 +367,9 @@ func TestLookupHonoursContext(t *testing.T) {
 func TestCloseEndsLookupsInFlight(t *testing.T) {
 	s := dnstest.Start(t)
 	s.Set("slow.example", addrs("192.0.2.1")...)
-	s.SetDelay("slow.example", 5*time.Second)
+	s.SetDelay("slow.example", dnstest.MaxDelay)
 	s.Set("fast.example", addrs("192.0.2.2")...)
-	r, _ := newTestResolver(t, ResolverConfig{Timeout: 5 * time.Second}, s.Addr)
+	r, _ := newTestResolver(t, ResolverConfig{Timeout: time.Minute}, s.Addr)
 	mustLookup(t, r, "fast.example", addrs("192.0.2.2"))
 
 	done := make(chan error, 1)
@@ -392,8 +392,8 @@ func TestCloseEndsLookupsInFlight(t *testing.T) {
 		if de := dnsErr(t, err, "slow.example"); !errors.Is(err, errDNSClosed) || de.NotFound {
 			t.Errorf("error = %v, want %v", err, errDNSClosed)
 		}
-	case <-time.After(3 * time.Second):
-		t.Fatal("LookupIP still running 3s after Close (the server delays 5s)")
+	case <-time.After(dnstest.MaxDelay - time.Second):
+		t.Fatalf("LookupIP still running %s after Close (the server delays %s)", dnstest.MaxDelay-time.Second, dnstest.MaxDelay)
 	}
 	if _, err := lookup(t, r, "fast.example"); !errors.Is(err, errDNSClosed) {
 		t.Errorf("after Close: error = %v, want %v", err, errDNSClosed)
@@ -541,10 +541,13 @@ func TestLookupRefusesMismatchedResponses(t *testing.T) {
 				tt.mangle(m)
 				_ = w.WriteMsg(m)
 			})
-			r, _ := newTestResolver(t, ResolverConfig{Timeout: 500 * time.Millisecond}, bad, good.Addr)
+			// A bad answer is refused at once, so no try waits out its
+			// timeout: it only bounds the good server's answer, which a
+			// loaded machine may delay.
+			r, _ := newTestResolver(t, ResolverConfig{Timeout: 10 * time.Second}, bad, good.Addr)
 			mustLookup(t, r, "api.example.com", addrs("192.0.2.10"))
 
-			r, _ = newTestResolver(t, ResolverConfig{Timeout: 500 * time.Millisecond}, bad)
+			r, _ = newTestResolver(t, ResolverConfig{Timeout: 10 * time.Second}, bad)
 			_, err := lookup(t, r, "api.example.com")
 			if de := dnsErr(t, err, "api.example.com"); de.NotFound {
 				t.Errorf("only a bad server: error = %v, want a failure", err)
@@ -645,7 +648,9 @@ func TestLookupFirstServerDead(t *testing.T) {
 	good.Set("api.example.com", addrs("192.0.2.10")...)
 
 	for _, dead := range []string{blackhole.LocalAddr().String(), closedAddr} {
-		r, _ := newTestResolver(t, ResolverConfig{Timeout: 200 * time.Millisecond}, dead, good.Addr)
+		// The black hole costs one timeout; the same timeout bounds the
+		// good server's answer, so it is long enough for a loaded machine.
+		r, _ := newTestResolver(t, ResolverConfig{Timeout: 3 * time.Second}, dead, good.Addr)
 		mustLookup(t, r, "api.example.com", addrs("192.0.2.10"))
 	}
 
@@ -704,8 +709,9 @@ func TestLookupSharesInFlightQueries(t *testing.T) {
 	s := dnstest.Start(t)
 	s.Set("shared.example", addrs("192.0.2.1")...)
 	s.SetTTL("shared.example", 0) // no cache: only sharing can save queries
-	s.SetDelay("shared.example", time.Second)
-	r, _ := newTestResolver(t, ResolverConfig{Timeout: 5 * time.Second}, s.Addr)
+	release := s.Hold("shared.example")
+	defer release()
+	r, _ := newTestResolver(t, ResolverConfig{Timeout: time.Minute}, s.Addr)
 
 	results := make(chan error, 11)
 	go func() {
@@ -713,13 +719,7 @@ func TestLookupSharesInFlightQueries(t *testing.T) {
 		results <- err
 	}()
 	// Wait (bounded) until the server holds both queries of the first lookup.
-	deadline := time.Now().Add(5 * time.Second)
-	for s.Queries("shared.example") < 2 {
-		if time.Now().After(deadline) {
-			t.Fatal("first lookup did not reach the server within 5s")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	waitFor(t, "the first lookup to reach the server", func() bool { return s.Queries("shared.example") >= 2 })
 	for range 10 {
 		go func() {
 			got, err := lookup(t, r, "shared.example")
@@ -729,6 +729,14 @@ func TestLookupSharesInFlightQueries(t *testing.T) {
 			results <- err
 		}()
 	}
+	// The answer is held until all ten have joined the flight in progress.
+	waitFor(t, "ten lookups to join the one in flight", func() bool {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		f := r.flights["shared.example"]
+		return f != nil && f.joined == 10
+	})
+	release()
 	for range 11 {
 		if err := <-results; err != nil {
 			t.Error(err)
@@ -736,6 +744,18 @@ func TestLookupSharesInFlightQueries(t *testing.T) {
 	}
 	if n := s.Queries("shared.example"); n != 2 {
 		t.Errorf("%d queries for 11 concurrent lookups, want 2", n)
+	}
+}
+
+// waitFor polls cond until it holds, failing the test after 30s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("waited 30s for %s", what)
+		}
+		time.Sleep(2 * time.Millisecond)
 	}
 }
 

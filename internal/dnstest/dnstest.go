@@ -60,6 +60,7 @@ type entry struct {
 	ttl      time.Duration  // used when hasTTL
 	hasTTL   bool           // else the server's default TTL
 	delay    time.Duration  // wait before answering
+	hold     chan struct{}  // when set, answer only once it is closed
 	truncate bool           // UDP answers carry TC and no records
 	inject   []dns.RR       // put verbatim in every answer for this name
 }
@@ -256,6 +257,27 @@ func (s *Server) SetDelay(name string, d time.Duration) {
 	s.get(name).delay = d
 }
 
+// Hold makes the server keep its answers to queries for name until release
+// is called (or the server stops): a test can then act while a lookup is
+// certainly in flight, whatever the machine's load. Release is idempotent.
+func (s *Server) Hold(name string) (release func()) {
+	ch := make(chan struct{})
+	s.mu.Lock()
+	s.get(name).hold = ch
+	s.mu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			s.mu.Lock()
+			if e := s.get(name); e.hold == ch {
+				e.hold = nil
+			}
+			s.mu.Unlock()
+			close(ch)
+		})
+	}
+}
+
 // SetTTL sets the TTL of the records owned by name (whole seconds, rounded
 // down); zero is a valid TTL ("do not cache"). Names without one get the
 // server's default TTL.
@@ -332,10 +354,19 @@ func (s *Server) serveDNS(w dns.ResponseWriter, req *dns.Msg) {
 	name := canonical(q.Name)
 	s.queries[name]++
 	var delay time.Duration
+	var hold chan struct{}
 	if e := s.names[name]; e != nil {
-		delay = e.delay
+		delay, hold = e.delay, e.hold
 	}
 	s.mu.Unlock()
+
+	if hold != nil {
+		select {
+		case <-hold:
+		case <-s.done:
+			return
+		}
+	}
 
 	if delay > 0 {
 		timer := time.NewTimer(delay)
