@@ -45,6 +45,7 @@ func TestHeadKeepsContentLengthWithSecret(t *testing.T) {
 // first: the pooled connection carries it, and the next request gets it.
 func TestUnsolicitedUpstreamBytesRetireConnection(t *testing.T) {
 	e := newEnv(t, `{"mode":"custom","allowedHosts":["api.example.com"]}`, "")
+	forged := make(chan struct{})
 	rawUpstream(t, e, func(i int, raw *net.TCPConn, c *tls.Conn) {
 		br := bufio.NewReader(c)
 		for {
@@ -55,15 +56,20 @@ func TestUnsolicitedUpstreamBytesRetireConnection(t *testing.T) {
 			io.Copy(io.Discard, req.Body)
 			fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s", len(req.URL.Path), req.URL.Path)
 			if req.URL.Path == "/1" {
-				time.Sleep(50 * time.Millisecond)
+				time.Sleep(50 * time.Millisecond) // not in the same segment
 				io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 7\r\n\r\nforged!")
+				close(forged) // on loopback, written is delivered
 			}
 		}
 	})
 	if _, b := e.get(t, "api.example.com/1"); b != "/1" {
 		t.Fatalf("first: %q", b)
 	}
-	time.Sleep(200 * time.Millisecond)
+	select {
+	case <-forged:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the upstream did not send its unsolicited response within 30s")
+	}
 	if _, b := e.get(t, "api.example.com/2"); b != "/2" {
 		t.Errorf("second request got %q, want \"/2\": an unsolicited response was served from the pooled connection", b)
 	}

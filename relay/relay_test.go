@@ -56,7 +56,7 @@ func newEnv(t *testing.T, policy string, rules string, opts ...envOpt) *env {
 func newEnvTB(t testing.TB, policy string, rules string, opts ...envOpt) *env {
 	t.Helper()
 	e := &env{t: t, dns: dnstest.Start(t), ca: tlstest.MustCA(t), rings: audit.NewRings(100), log: &syncbuf.Buffer{}}
-	res, err := netpolicy.NewDNSResolver(netpolicy.ResolverConfig{Servers: []string{e.dns.Addr}, Timeout: 2 * time.Second})
+	res, err := netpolicy.NewDNSResolver(netpolicy.ResolverConfig{Servers: []string{e.dns.Addr}, Timeout: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -553,6 +553,7 @@ func TestRouteRefusals(t *testing.T) {
 
 func TestLimits(t *testing.T) {
 	t.Run("header size", func(t *testing.T) {
+		t.Parallel()
 		e := newEnv(t, `{"mode":"allow-all"}`, "", func(c *Config) { c.MaxHeaderBytes = 4096 })
 		resp := e.raw("GET /https/api.example.com/ HTTP/1.1\r\nX-Big: " + strings.Repeat("a", 5000) + "\r\n\r\n")
 		body(t, resp)
@@ -561,6 +562,7 @@ func TestLimits(t *testing.T) {
 		}
 	})
 	t.Run("connections per sandbox", func(t *testing.T) {
+		t.Parallel()
 		e := newEnv(t, `{"mode":"custom","allowedHosts":["api.example.com"]}`, "", func(c *Config) { c.MaxConns = 1 })
 		e.upstream("api.example.com", http.HandlerFunc(hello))
 		c, br := e.dial()
@@ -575,6 +577,7 @@ func TestLimits(t *testing.T) {
 		}
 	})
 	t.Run("idle and half-sent connections count", func(t *testing.T) {
+		t.Parallel()
 		// Regression: only requests counted, so thousands of connections
 		// holding a byte each were kept with their buffers.
 		e := newEnv(t, `{"mode":"allow-all"}`, "", func(c *Config) { c.MaxConns = 2 })
@@ -592,6 +595,7 @@ func TestLimits(t *testing.T) {
 		}
 	})
 	t.Run("stalled request body", func(t *testing.T) {
+		t.Parallel()
 		// Regression: after the head, a body that never came held the
 		// request, its slot and an upstream connection forever.
 		e := newEnv(t, `{"mode":"custom","allowedHosts":["api.example.com"]}`, "", func(c *Config) { c.IdleTimeout = 200 * time.Millisecond })
@@ -602,7 +606,10 @@ func TestLimits(t *testing.T) {
 		}
 	})
 	t.Run("stalled response body", func(t *testing.T) {
-		e := newEnv(t, `{"mode":"custom","allowedHosts":["api.example.com"]}`, "", func(c *Config) { c.IdleTimeout = 200 * time.Millisecond })
+		t.Parallel()
+		// Long enough that the dial and handshake before the stall are
+		// never cut on a loaded machine.
+		e := newEnv(t, `{"mode":"custom","allowedHosts":["api.example.com"]}`, "", func(c *Config) { c.IdleTimeout = 2 * time.Second })
 		release := make(chan struct{})
 		defer close(release)
 		e.upstream("api.example.com", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -628,6 +635,7 @@ func TestLimits(t *testing.T) {
 		}
 	})
 	t.Run("header timeout", func(t *testing.T) {
+		t.Parallel()
 		e := newEnv(t, `{"mode":"allow-all"}`, "", func(c *Config) { c.HeaderTimeout = 200 * time.Millisecond })
 		resp := e.raw("GET /https/api.example.com/ HTTP/1.1\r\n") // never finished
 		body(t, resp)
@@ -636,7 +644,10 @@ func TestLimits(t *testing.T) {
 		}
 	})
 	t.Run("idle tunnel", func(t *testing.T) {
-		e := newEnv(t, `{"mode":"custom","allowedHosts":["api.example.com"]}`, "", func(c *Config) { c.IdleTimeout = 200 * time.Millisecond })
+		t.Parallel()
+		// Long enough that no pause within the TLS handshake through the
+		// tunnel reaches it on a loaded machine.
+		e := newEnv(t, `{"mode":"custom","allowedHosts":["api.example.com"]}`, "", func(c *Config) { c.IdleTimeout = 2 * time.Second })
 		e.upstream("api.example.com", http.HandlerFunc(hello))
 		c, br := e.dial()
 		io.WriteString(c, "CONNECT api.example.com:443 HTTP/1.1\r\n\r\n")
