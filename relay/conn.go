@@ -286,7 +286,7 @@ func (cc *clientConn) writeError(e *Error, closing bool) {
 		Body:          io.NopCloser(strings.NewReader(body)),
 		Close:         closing,
 	}
-	cc.c.SetWriteDeadline(time.Now().Add(10 * time.Second))
+	cc.c.SetWriteDeadline(time.Now().Add(cc.p.cfg.ErrorWriteTimeout))
 	resp.Write(cc.bw)
 	cc.bw.Flush()
 	cc.c.SetWriteDeadline(time.Time{})

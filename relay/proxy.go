@@ -52,6 +52,10 @@ type Config struct {
 	// ResponseHeaderTimeout bounds the wait for an upstream's response
 	// headers on a base-URL route; default 10m (model APIs can think long).
 	ResponseHeaderTimeout time.Duration
+	// ErrorWriteTimeout bounds writing one of the proxy's own error
+	// answers (a refusal, a limit) to a sandbox that does not read it;
+	// default 10s.
+	ErrorWriteTimeout time.Duration
 	// Modules are WebAssembly transform modules applied, in order, to every
 	// sandbox's base-URL routes, before the sandbox's own modules
 	// (Tenant.SetModules) and before the secret swap. Nil means none. The
@@ -74,6 +78,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.ResponseHeaderTimeout <= 0 {
 		c.ResponseHeaderTimeout = 10 * time.Minute
+	}
+	if c.ErrorWriteTimeout <= 0 {
+		c.ErrorWriteTimeout = 10 * time.Second
 	}
 	if c.Audit == nil {
 		c.Audit = audit.Multi(nil)

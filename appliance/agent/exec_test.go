@@ -168,7 +168,9 @@ func TestBackgroundHolderDoesNotHang(t *testing.T) {
 		Args:      []string{"sh", "-c", "sleep 1000 & echo $! >&2; echo done"},
 		Stdout:    &out,
 		Stderr:    lw,
-		WaitDelay: 50 * time.Millisecond,
+		// What the command wrote before exiting must be read within it,
+		// on a loaded machine too.
+		WaitDelay: 2 * time.Second,
 	})
 	if err != nil || !st.Success() || out.String() != "done\n" {
 		t.Errorf("Run = %v, %v, %q", st, err, out.String())

@@ -212,7 +212,7 @@ func TestReview3BlockingSocketHangsProxy(t *testing.T) {
 // further passed socket is refused with a short error response — but the
 // sandbox has filled that socket's send queue (writing on its own copy of
 // the very socket) and made it blocking, so the refusal's write blocks
-// past its 10s write deadline. Nothing on the link bounds how many
+// past its write deadline (1s here, 10s by default). Nothing on the link bounds how many
 // passed sockets reach Egress at once (the 64 pending slots are released
 // before Egress), so every further socket is one more pinned thread of
 // the service, up to Go's 10000-thread limit, which kills the process.
@@ -223,7 +223,7 @@ func TestReview3BlockingSocketBeyondCap(t *testing.T) {
 	served := make(chan struct{}, 2)
 	goOn := make(chan struct{}, 2)
 	finished := make(chan struct{}, 2)
-	r, proxy := proxyRig(t, relay.Config{MaxConns: 1}, func(c net.Conn, serve func(net.Conn)) {
+	r, proxy := proxyRig(t, relay.Config{MaxConns: 1, ErrorWriteTimeout: time.Second}, func(c net.Conn, serve func(net.Conn)) {
 		served <- struct{}{}
 		<-goOn
 		serve(c)
@@ -266,7 +266,7 @@ func TestReview3BlockingSocketBeyondCap(t *testing.T) {
 		t.Log("the refusal returned")
 	case <-time.After(15 * time.Second):
 		hung = true
-		t.Errorf("refusing a connection beyond the sandbox's cap had not returned after 15s (its write deadline is 10s): the thread is pinned")
+		t.Errorf("refusing a connection beyond the sandbox's cap had not returned after 15s (its write deadline is 1s): the thread is pinned")
 	}
 	if hung {
 		d2.Close() // unblocks the write (EPIPE/RST), so that the test ends
