@@ -84,7 +84,7 @@ func newEnv(t *testing.T) *env {
 	e.upstream = tlstest.Addr(srv)
 	dns.Set("api.example.com", e.upstream)
 	dns.Set("denied.example.com", e.upstream)
-	res, err := netpolicy.NewDNSResolver(netpolicy.ResolverConfig{Servers: []string{dns.Addr}, Timeout: 2 * time.Second})
+	res, err := netpolicy.NewDNSResolver(netpolicy.ResolverConfig{Servers: []string{dns.Addr}, Timeout: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,7 +17,7 @@ import (
 func newTestDecider(t *testing.T, hosts ...string) (*Decider, *dnstest.Server) {
 	t.Helper()
 	srv := dnstest.Start(t)
-	res, err := NewDNSResolver(ResolverConfig{Servers: []string{srv.Addr}, Timeout: 2 * time.Second})
+	res, err := NewDNSResolver(ResolverConfig{Servers: []string{srv.Addr}, Timeout: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

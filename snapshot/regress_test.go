@@ -325,7 +325,7 @@ func TestDirHeaderMemoryRetained(t *testing.T) {
 	var hdrs []*tar.Header
 	for i := range n {
 		hdrs = append(hdrs, &tar.Header{Typeflag: tar.TypeDir, Name: fmt.Sprintf("d%03d/", i), Mode: 0o755,
-			PAXRecords: map[string]string{"REVIEW.pad": pad}})
+			PAXRecords: map[string]string{"SANDGATE.test-pad": pad}})
 	}
 	layer := zstdOf(t, tarOf(t, hdrs...))
 	var ms runtime.MemStats

@@ -57,7 +57,7 @@ func newEgressEnvOver(t *testing.T, kind transport) *egressEnv {
 	srv := ca.Server(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(w, "upstream saw %s %s", r.Method, r.URL.Path)
 	}), "api.example.com") // skips without root: the proxy only dials :443
-	res, err := netpolicy.NewDNSResolver(netpolicy.ResolverConfig{Servers: []string{dns.Addr}, Timeout: 2 * time.Second})
+	res, err := netpolicy.NewDNSResolver(netpolicy.ResolverConfig{Servers: []string{dns.Addr}, Timeout: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

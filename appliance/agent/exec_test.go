@@ -165,9 +165,9 @@ func TestBackgroundHolderDoesNotHang(t *testing.T) {
 	var out syncbuf.Buffer
 	lw := newLineWaiter()
 	st, err := l.c.Run(testCtx(t), Cmd{
-		Args:      []string{"sh", "-c", "sleep 1000 & echo $! >&2; echo done"},
-		Stdout:    &out,
-		Stderr:    lw,
+		Args:   []string{"sh", "-c", "sleep 1000 & echo $! >&2; echo done"},
+		Stdout: &out,
+		Stderr: lw,
 		// What the command wrote before exiting must be read within it,
 		// on a loaded machine too.
 		WaitDelay: 2 * time.Second,

@@ -28,14 +28,14 @@ func TestInitForkerThreadLeaksNoHostDirectory(t *testing.T) {
 	m := newRuntime(t)
 	runDetached(t, m, "leak", nil)
 	script := `for fd in /proc/1/task/*/fd/*; do
-	if [ -d "$fd" ] && echo pwned > "$fd/review-escape" 2>/dev/null; then echo "ESCAPE via $fd"; fi
+	if [ -d "$fd" ] && echo pwned > "$fd/escape-marker" 2>/dev/null; then echo "ESCAPE via $fd"; fi
 done
 echo checked`
 	code, out, errOut := sh(t, m, "leak", script)
 	if code != 0 || !strings.HasSuffix(out, "checked\n") {
 		t.Fatalf("exit %d, %q, %q", code, out, errOut)
 	}
-	marker := filepath.Join(m.sandboxDir("leak"), "review-escape")
+	marker := filepath.Join(m.sandboxDir("leak"), "escape-marker")
 	if _, err := os.Stat(marker); err == nil {
 		t.Errorf("a command wrote %s, outside its layer, through an init descriptor (%s)", marker, strings.TrimSpace(out))
 	}

@@ -8,7 +8,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Review 2 found that checkMountSource compared the source's path
+// checkMountSource once compared the source's path
 // (readlink of /proc/self/fd/N) with "/" and the state directory: a bind
 // mount of either elsewhere on the host has another path and the same
 // content, and passed, handing the sandbox every sandbox's layers and

@@ -11,7 +11,7 @@ import (
 	"time"
 )
 
-// Review 2 found that a command could freeze the init for good: the init
+// A command could once freeze the init for good: the init
 // forks each command with Go's ForkExec (CLONE_VFORK), and a SIGSTOP that
 // a command sends to the new pid before its execve left the forker thread
 // waiting in the kernel for that execve for ever (holding the lock the
@@ -21,7 +21,7 @@ import (
 
 // stopperEnv makes this test binary, run inside a sandbox, the attacker:
 // it sends SIGSTOP to the pids that come next, in a tight loop.
-const stopperEnv = "_SANDGATE_REVIEW2_STOPPER"
+const stopperEnv = "_SANDGATE_TEST_STOPPER"
 
 func init() {
 	if os.Getenv(stopperEnv) == "" {
@@ -114,7 +114,7 @@ func TestStoppedStartDoesNotWedgeInit(t *testing.T) {
 	}
 	main, err := m.Run(testCtx(t), RunOptions{Config: Config{
 		ID: "stall", Write: true, Cmd: []string{"sleep", "infinity"},
-		Mounts: []Mount{{Source: filepath.Dir(exe), Destination: "/opt/review2", ReadOnly: true}},
+		Mounts: []Mount{{Source: filepath.Dir(exe), Destination: "/opt/attacker", ReadOnly: true}},
 	}})
 	if err != nil {
 		t.Fatal(err)
@@ -131,7 +131,7 @@ func TestStoppedStartDoesNotWedgeInit(t *testing.T) {
 		}
 	}
 	attacker, err := m.Exec(testCtx(t), "stall", ExecOptions{
-		Cmd: []string{"/opt/review2/" + filepath.Base(exe)},
+		Cmd: []string{"/opt/attacker/" + filepath.Base(exe)},
 		Env: []string{stopperEnv + "=1"},
 	})
 	if err != nil {

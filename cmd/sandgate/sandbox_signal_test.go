@@ -14,7 +14,7 @@ import (
 	"github.com/sandgate/sandgate/appliance/localbox"
 )
 
-// TestSandboxExecGivesUpOnStalledInit: review 2 found that `sandbox exec`
+// TestSandboxExecGivesUpOnStalledInit: `sandbox exec` once
 // forwarded SIGTERM to a sandbox whose init did not answer and then waited
 // for ever. It must give up after signalAnswerTimeout, exit 128+SIGTERM and
 // say why.

@@ -51,14 +51,14 @@ func liveHeap() uint64 {
 	return ms.HeapAlloc
 }
 
-// TestReviewEgressHeaderAllocatesFourMiB: the service reads the first frame
+// TestFrameHeaderAloneAllocatesNoPayload: the service reads the first frame
 // of every stream the agent opens with the 4 MiB message limit, and
 // readFrame allocates the whole payload from the 5-byte header before a byte
 // of it arrives. A hostile agent opens streams that send only such a header:
 // each pins 4 MiB in the service for requestTimeout (30 s), and nothing
 // bounds how many streams it opens. Egress is even refused here (no
 // handler): the allocation comes before that check.
-func TestReviewEgressHeaderAllocatesFourMiB(t *testing.T) {
+func TestFrameHeaderAloneAllocatesNoPayload(t *testing.T) {
 	skipIfNotLinux(t)
 	_, sess := hostileAgent(t)
 	const streams = 32

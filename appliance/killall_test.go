@@ -11,13 +11,13 @@ import (
 	"github.com/sandgate/sandgate/appliance/agent"
 )
 
-// TestReviewKillAllSparesCodeInSandgateBinary: kill-all spares every
+// TestKillAllStopsCodeRunFromSandgateBinary: kill-all spares every
 // process whose executable is the sandgate binary (to keep the main
 // `sandgate agent --idle` and agents). That binary is mounted into every
 // sandbox and is dynamically linked (cgo), so any command can run its own
 // code in a process that kill-all will never stop: LD_PRELOAD a library
 // whose constructor never returns, and exec /.sandgate/sandgate.
-func TestReviewKillAllSparesCodeInSandgateBinary(t *testing.T) {
+func TestKillAllStopsCodeRunFromSandgateBinary(t *testing.T) {
 	skipUnlessSandboxes(t)
 	cc, err := exec.LookPath("cc")
 	if err != nil {

@@ -80,7 +80,7 @@ func proxyRig(t *testing.T, cfg relay.Config, egress func(c net.Conn, serve func
 	if err != nil {
 		t.Fatal(err)
 	}
-	sb := relay.NewTenant("sb-review3", pol, nil)
+	sb := relay.NewTenant("sb-hostile", pol, nil)
 	t.Cleanup(sb.Close)
 	serve := func(c net.Conn) { proxy.ServeConn(context.Background(), c, sb) }
 	r := &fdRig{logs: &syncbuf.Buffer{}}
@@ -91,14 +91,14 @@ func proxyRig(t *testing.T, cfg relay.Config, egress func(c net.Conn, serve func
 	return r, proxy
 }
 
-// TestReview3BlockingPassedSocket: a hostile agent passes a connected TCP
+// TestPassedSocketMadeBlockingKeepsDeadlines: a hostile agent passes a connected TCP
 // socket, keeps its own copy and clears O_NONBLOCK on it after the
 // service made it non-blocking. The service's read then blocks in the
 // kernel: its read deadline never fires, and Close (the link-down cut,
 // Proxy.Close, a sandbox's destroy) waits for that read forever. Each
 // such socket pins one OS thread of the service; past Go's 10000-thread
 // limit the whole service dies.
-func TestReview3BlockingPassedSocket(t *testing.T) {
+func TestPassedSocketMadeBlockingKeepsDeadlines(t *testing.T) {
 	skipIfNotLinux(t)
 	r := newFDRig(t)
 	d, peer := tcpPair(t) // peer: the sandbox's own copy of the accepted socket
@@ -155,12 +155,12 @@ func TestReview3BlockingPassedSocket(t *testing.T) {
 	}
 }
 
-// TestReview3BlockingSocketHangsProxy: the same attack on a real
+// TestPassedSocketMadeBlockingCannotHangProxy: the same attack on a real
 // relay.Proxy. The sandbox sends part of a request line, so the proxy's
 // next read of the headers is a blocking read(2): HeaderTimeout (200ms
 // here) never fires, the sandbox's connection slot is never released, and
 // Proxy.Close — the service's shutdown — does not return.
-func TestReview3BlockingSocketHangsProxy(t *testing.T) {
+func TestPassedSocketMadeBlockingCannotHangProxy(t *testing.T) {
 	skipIfNotLinux(t)
 	served := make(chan struct{}, 1)
 	finished := make(chan struct{}, 1)
@@ -207,7 +207,7 @@ func TestReview3BlockingSocketHangsProxy(t *testing.T) {
 	}
 }
 
-// TestReview3BlockingSocketBeyondCap: the relay's per-sandbox cap does not
+// TestRefusalBeyondCapNotPinnedByBlockingSocket: the relay's per-sandbox cap does not
 // bound the threads a sandbox can pin. With the sandbox at its cap, a
 // further passed socket is refused with a short error response — but the
 // sandbox has filled that socket's send queue (writing on its own copy of
@@ -218,7 +218,7 @@ func TestReview3BlockingSocketHangsProxy(t *testing.T) {
 // the service, up to Go's 10000-thread limit, which kills the process.
 // The test's Egress waits for the sandbox's move before serving: a real
 // attacker races the service for it, and each race it wins is a thread.
-func TestReview3BlockingSocketBeyondCap(t *testing.T) {
+func TestRefusalBeyondCapNotPinnedByBlockingSocket(t *testing.T) {
 	skipIfNotLinux(t)
 	served := make(chan struct{}, 2)
 	goOn := make(chan struct{}, 2)
@@ -278,11 +278,11 @@ func TestReview3BlockingSocketBeyondCap(t *testing.T) {
 	}
 }
 
-// TestReview3TinyWritesFullOfFDs: a hostile agent sends a yamux ping one
+// TestTinyWritesFullOfFDsLeakNothing: a hostile agent sends a yamux ping one
 // byte per sendmsg, each byte carrying the kernel's most descriptors (253).
 // The service keeps at most maxHeldFDs of them, closes the rest at once,
 // still answers on the link, and leaks none once they expire.
-func TestReview3TinyWritesFullOfFDs(t *testing.T) {
+func TestTinyWritesFullOfFDsLeakNothing(t *testing.T) {
 	skipIfNotLinux(t)
 	r := newFDRig(t)
 	null, err := os.Open(os.DevNull)

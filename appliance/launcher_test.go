@@ -10,11 +10,11 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// TestReview3SocketpairNotInherited: the service's end of the agent's
+// TestAgentSocketpairNotInherited: the service's end of the agent's
 // socketpair is close-on-exec, so no child (the sandbox CLI given the other
 // end as its stdio, or another sandbox's CLI started at the same moment)
 // holds it: none can hand the service's end into a sandbox.
-func TestReview3SocketpairNotInherited(t *testing.T) {
+func TestAgentSocketpairNotInherited(t *testing.T) {
 	if runtime.GOOS != "linux" {
 		t.Skip("socketpair and /proc/<pid>/fd are Linux-only here")
 	}
