@@ -93,11 +93,11 @@ func selfCgroups() (map[string]string, error) {
 }
 
 // newCgroups makes the sandbox's cgroup(s) and applies the limits. Under
-// cgroup v2 it is /sys/fs/cgroup/sandgate/<id> (v2 forbids controllers in a
+// cgroup v2 it is /sys/fs/cgroup/sandgate/<name> (v2 forbids controllers in a
 // cgroup that holds processes, so it cannot nest under ours); under v1 it
 // nests under this process's own cgroup of each hierarchy, so that limits
 // the host set on sandgate keep applying to its sandboxes.
-func newCgroups(id string, memory, pids int64) (*cgroups, error) {
+func newCgroups(name string, memory, pids int64) (*cgroups, error) {
 	mounts, err := readCgroupMounts()
 	if err != nil {
 		return nil, err
@@ -117,7 +117,7 @@ func newCgroups(id string, memory, pids int64) (*cgroups, error) {
 			// Best effort: without these, limits are refused below.
 			_ = os.WriteFile(filepath.Join(mt.point, "cgroup.subtree_control"), []byte("+memory +pids"), 0)
 			_ = os.WriteFile(filepath.Join(parent, "cgroup.subtree_control"), []byte("+memory +pids"), 0)
-			dir := filepath.Join(parent, id)
+			dir := filepath.Join(parent, name)
 			if err := os.Mkdir(dir, 0o755); err != nil {
 				return nil, fmt.Errorf("cgroup: %w", err)
 			}
@@ -132,7 +132,7 @@ func newCgroups(id string, memory, pids int64) (*cgroups, error) {
 					continue
 				}
 				rel := strings.TrimPrefix(self[ctrl], mt.root)
-				dir := filepath.Join(mt.point, rel, cgroupParent, id)
+				dir := filepath.Join(mt.point, rel, cgroupParent, name)
 				if err := os.MkdirAll(dir, 0o755); err != nil {
 					cg.remove(context.Background())
 					return nil, fmt.Errorf("cgroup %s: %w", ctrl, err)

@@ -357,7 +357,11 @@ func setupRoot(dir string, cfg *Config) error {
 		return fmt.Errorf("scaffold: %w", err)
 	}
 	root := filepath.Join(dir, rootDir)
-	opts := "lowerdir=" + escapeOverlay(filepath.Join(dir, scaffoldDir)) + ":" + escapeOverlay(cfg.Rootfs) +
+	lower := escapeOverlay(filepath.Join(dir, scaffoldDir))
+	if cfg.Template != "" {
+		lower += ":" + escapeOverlay(templateLower(filepath.Dir(dir), cfg.Template))
+	}
+	opts := "lowerdir=" + lower + ":" + escapeOverlay(cfg.Rootfs) +
 		",upperdir=" + escapeOverlay(filepath.Join(dir, upperDir)) + ",workdir=" + escapeOverlay(filepath.Join(dir, workDir)) +
 		",redirect_dir=off,metacopy=off,index=off,xino=off"
 	if err := unix.Mount("overlay", root, "overlay", unix.MS_NODEV, opts); err != nil {

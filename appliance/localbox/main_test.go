@@ -40,6 +40,14 @@ func newRuntime(t testing.TB) *Runtime {
 		for _, in := range infos {
 			_ = m.Delete(context.Background(), in.ID, true)
 		}
+		// Templates are mounted: unmounted here, or the state directory
+		// could not be removed.
+		names, _ := m.Templates()
+		for _, n := range names {
+			if err := m.RemoveTemplate(n); err != nil {
+				t.Errorf("removing template %s: %v", n, err)
+			}
+		}
 	})
 	return m
 }

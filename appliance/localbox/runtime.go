@@ -47,6 +47,9 @@ func (m *Runtime) Run(ctx context.Context, opts RunOptions) (*Process, error) {
 	if err := m.checkMounts(&cfg); err != nil {
 		return nil, err
 	}
+	if err := m.useTemplate(&cfg); err != nil {
+		return nil, err
+	}
 	fill := func(upper string) error {
 		if opts.ImportTar == "" {
 			return os.Mkdir(upper, 0o755)
@@ -157,6 +160,9 @@ func (m *Runtime) Fork(ctx context.Context, src, dst string, stdio Stdio) (*Proc
 	if err := m.checkMounts(&cfg); err != nil {
 		return nil, err
 	}
+	if err := m.useTemplate(&cfg); err != nil {
+		return nil, err
+	}
 	fill := func(upper string) error {
 		pr, pw := io.Pipe()
 		packed := make(chan error, 1)
@@ -220,7 +226,7 @@ func (m *Runtime) create(ctx context.Context, cfg *Config, fill func(upper strin
 			return nil, err
 		}
 	}
-	if cg, err = newCgroups(cfg.ID, cfg.Memory, cfg.Pids); err != nil {
+	if cg, err = newCgroups(m.cgroupName(cfg.ID), cfg.Memory, cfg.Pids); err != nil {
 		return nil, err
 	}
 	if err := writeJSON(filepath.Join(dir, configFile), cfg); err != nil {

@@ -142,6 +142,10 @@ type Config struct {
 	// Rootfs is the host directory seen read-only under the sandbox's
 	// upper; "" means "/".
 	Rootfs string `json:"rootfs"`
+	// Template names a template of the state directory (see
+	// ImportTemplate) mounted read-only between the sandbox's upper and
+	// the rootfs; "" means none.
+	Template string `json:"template,omitempty"`
 	// Write makes the root writable (into the upper); without it only
 	// /tmp (a tmpfs) and read-write mounts can be written.
 	Write  bool     `json:"write,omitempty"`

@@ -1,6 +1,8 @@
 package localbox
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -113,6 +115,15 @@ func NewRuntime(stateDir string) (*Runtime, error) {
 func (m *Runtime) StateDir() string { return m.dir }
 
 func (m *Runtime) sandboxDir(id string) string { return filepath.Join(m.dir, id) }
+
+// cgroupName is the name of sandbox id's cgroups: the id, and a digest of
+// the state directory, because cgroups are global to the host while ids
+// are only unique within one state directory (two services, or two test
+// runs, on one host may each have a sandbox "s1").
+func (m *Runtime) cgroupName(id string) string {
+	sum := sha256.Sum256([]byte(m.dir))
+	return id + "." + hex.EncodeToString(sum[:4])
+}
 
 func writeJSON(name string, v any) error {
 	b, err := json.MarshalIndent(v, "", "  ")

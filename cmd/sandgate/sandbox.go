@@ -24,6 +24,7 @@ func sandboxCommand() *cli.Command {
 		&cli.BoolFlag{Name: "detach", Aliases: []string{"d"}, Usage: "return once the command started; the sandbox runs on"},
 		&cli.BoolFlag{Name: "write", Usage: "make the root writable (into the sandbox's own layer)"},
 		&cli.StringFlag{Name: "import-tar", Usage: "layer `FILE` (tar, zstd or gzip) to start the writable layer from"},
+		&cli.StringFlag{Name: "template", Usage: "start on template `NAME` (see 'sandbox template'), shared read-only beneath the sandbox's own layer (sandgate's own; not in Cloud Run's CLI)"},
 		&cli.GenericFlag{Name: "env", Aliases: []string{"e"}, Value: &repeated{}, Usage: "`K=V` for the command (repeatable)"},
 		&cli.StringFlag{Name: "workdir", Aliases: []string{"w"}, Usage: "working `DIR` inside the sandbox"},
 		&cli.StringFlag{Name: "rootfs", Value: "/", Usage: "host `DIR` seen read-only as the sandbox's root"},
@@ -86,7 +87,7 @@ sandbox runs until CMD exits (then it is "stopped") or it is deleted.`,
 			Flags:        []cli.Flag{&cli.BoolFlag{Name: "force", Aliases: []string{"f"}, Usage: "also stop a running sandbox, and clean whatever a crash left"}},
 			OnUsageError: usageError,
 			Action:       runSandboxDelete,
-		}, {
+		}, sandboxTemplateCommand(), {
 			Name:         "list",
 			Usage:        "list sandboxes: id, state, pid, created",
 			Flags:        []cli.Flag{&cli.BoolFlag{Name: "json", Usage: "print JSON"}},
@@ -234,7 +235,7 @@ func runSandboxRun(c *cli.Context) error {
 	}
 	opts := localbox.RunOptions{
 		Config: localbox.Config{
-			ID: pos[0], Rootfs: c.String("rootfs"), Write: c.Bool("write"),
+			ID: pos[0], Rootfs: c.String("rootfs"), Write: c.Bool("write"), Template: c.String("template"),
 			Env: values(c, "env"), Dir: c.String("workdir"), Cmd: cmd, Pids: c.Int64("pids"),
 		},
 		ImportTar: c.String("import-tar"),
