@@ -136,6 +136,7 @@ func (cc *clientConn) stop() {
 }
 
 func (s *Tenant) acquire(max int) bool {
+	s.seen.Store(time.Now().UnixNano())
 	if s.open.Add(1) > int64(max) {
 		s.open.Add(-1)
 		return false
@@ -143,7 +144,10 @@ func (s *Tenant) acquire(max int) bool {
 	return true
 }
 
-func (s *Tenant) release() { s.open.Add(-1) }
+func (s *Tenant) release() {
+	s.seen.Store(time.Now().UnixNano())
+	s.open.Add(-1)
+}
 
 // handle answers one request and reports whether the connection may carry
 // another.

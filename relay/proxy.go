@@ -129,6 +129,7 @@ type Tenant struct {
 	transforms *transforms.RuleSet
 	modules    atomic.Pointer[wasm.Chain]
 	open       atomic.Int64
+	seen       atomic.Int64 // unix nanoseconds of the last connection's start or end
 
 	tmu  sync.Mutex
 	pool *upstreamPool
@@ -175,6 +176,16 @@ func (s *Tenant) SetModules(c *wasm.Chain) { s.modules.Store(c) }
 
 // Modules returns the sandbox's own transform modules (nil when none).
 func (s *Tenant) Modules() *wasm.Chain { return s.modules.Load() }
+
+// Egress reports the sandbox's connections open now (tunnels, requests
+// and kept-alive connections) and when one last opened or closed (zero
+// when none ever did): what an idle check needs to know of its egress.
+func (s *Tenant) Egress() (open int64, last time.Time) {
+	if n := s.seen.Load(); n != 0 {
+		last = time.Unix(0, n)
+	}
+	return s.open.Load(), last
+}
 
 // Close releases the sandbox's kept-alive upstream connections.
 func (s *Tenant) Close() {
