@@ -19,6 +19,9 @@ const (
 	exitFailure  = 1
 	exitBadInput = 2
 	exitDenied   = 3
+	// exitLookupFailed is policy check's: the rules allowed the host but
+	// its lookup failed, which is not a policy decision.
+	exitLookupFailed = 4
 )
 
 // exitError carries an exit code out of a verb; main turns it into the
