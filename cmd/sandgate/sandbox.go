@@ -47,8 +47,9 @@ func sandboxCommand() *cli.Command {
 			Usage:     "create sandbox ID and run CMD in it",
 			ArgsUsage: "ID [flags] -- CMD...",
 			Description: `Without --detach, stdio is connected and sandgate exits with CMD's exit code
-(128+signal for a signal). With --detach it returns once CMD started; the
-sandbox runs until CMD exits (then it is "stopped") or it is deleted.`,
+(128+signal for a signal). With --detach it prints ID and returns once CMD
+started; the sandbox runs until CMD exits (then it is "stopped") or it is
+deleted.`,
 			Flags:        runFlags,
 			OnUsageError: usageError,
 			Action:       runSandboxRun,
@@ -260,16 +261,17 @@ func runSandboxRun(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	return launch(c, c.Bool("detach"), c.Bool("stdin"), c.Bool("stdout"), c.Bool("stderr"), func(stdio localbox.Stdio) (*localbox.Process, error) {
+	return launch(c, pos[0], c.Bool("detach"), c.Bool("stdin"), c.Bool("stdout"), c.Bool("stderr"), func(stdio localbox.Stdio) (*localbox.Process, error) {
 		opts.Stdio = stdio
 		return m.Run(c.Context, opts)
 	})
 }
 
-// launch starts a sandbox and its command with start, connected to the
+// launch starts sandbox id and its command with start, connected to the
 // CLI's stdio (the streams in, out and errOut say which) unless detach, then
-// follows the command to its end or detaches from it.
-func launch(c *cli.Context, detach, in, out, errOut bool, start func(localbox.Stdio) (*localbox.Process, error)) error {
+// follows the command to its end or detaches from it and prints id, as
+// "docker run -d" prints the container's.
+func launch(c *cli.Context, id string, detach, in, out, errOut bool, start func(localbox.Stdio) (*localbox.Process, error)) error {
 	var stdio localbox.Stdio
 	wait := func() {}
 	if !detach {
@@ -284,7 +286,11 @@ func launch(c *cli.Context, detach, in, out, errOut bool, start func(localbox.St
 		return sandboxErr(err)
 	}
 	if detach {
-		return p.Detach()
+		if err := p.Detach(); err != nil {
+			return err
+		}
+		_, err := fmt.Fprintln(c.App.Writer, id)
+		return err
 	}
 	return follow(c, p, wait)
 }
@@ -367,7 +373,7 @@ func runSandboxFork(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	return launch(c, c.Bool("detach"), true, true, true, func(stdio localbox.Stdio) (*localbox.Process, error) {
+	return launch(c, pos[1], c.Bool("detach"), true, true, true, func(stdio localbox.Stdio) (*localbox.Process, error) {
 		return m.Fork(c.Context, pos[0], pos[1], stdio)
 	})
 }

@@ -40,6 +40,7 @@ func TestSandboxCLI(t *testing.T) {
 		sandboxCLI(t, state, nil, "delete", "--force", "cli")
 		sandboxCLI(t, state, nil, "delete", "--force", "once")
 		sandboxCLI(t, state, nil, "delete", "--force", "copy")
+		sandboxCLI(t, state, nil, "delete", "--force", "forked")
 	})
 	if code, out, errOut := sandboxCLI(t, state, nil, "run", "once", "-e", "X=1", "--", "sh", "-c", "echo $X; echo err >&2; exit 3"); code != 3 || out != "1\n" || errOut != "err\n" {
 		t.Errorf("run: %d %q %q", code, out, errOut)
@@ -48,9 +49,10 @@ func TestSandboxCLI(t *testing.T) {
 		t.Errorf("bad id: %d %q", code, errOut)
 	}
 	bin := binary(t)
-	if code, _, errOut := sandboxCLI(t, state, nil, "run", "cli", "--detach", "--write",
-		"--mount", "type=bind,source="+bin+",destination=/.sandgate/sandgate,readonly", "--", "sleep", "infinity"); code != 0 {
-		t.Fatalf("run --detach: %d %q", code, errOut)
+	// --detach prints the sandbox's id, as docker run -d does (it printed nothing).
+	if code, out, errOut := sandboxCLI(t, state, nil, "run", "cli", "--detach", "--write",
+		"--mount", "type=bind,source="+bin+",destination=/.sandgate/sandgate,readonly", "--", "sleep", "infinity"); code != 0 || out != "cli\n" {
+		t.Fatalf("run --detach: %d %q %q; want 0 and the id on stdout", code, out, errOut)
 	}
 	// stdin to EOF, binary-safe, through exec.
 	payload := bytes.Repeat([]byte{0, 1, 2, 255, '\n'}, 1<<18)
@@ -70,15 +72,21 @@ func TestSandboxCLI(t *testing.T) {
 	if code, out, errOut := sandboxCLI(t, state, nil, "run", "copy", "--import-tar="+layer, "--", "cat", "/root/f"); code != 0 || out != "kept\n" {
 		t.Errorf("run --import-tar: %d %q %q", code, out, errOut)
 	}
+	if code, out, errOut := sandboxCLI(t, state, nil, "fork", "cli", "forked", "--detach"); code != 0 || out != "forked\n" {
+		t.Errorf("fork --detach: %d %q %q; want 0 and the new id on stdout", code, out, errOut)
+	}
+	if code, out, errOut := sandboxCLI(t, state, nil, "exec", "forked", "--", "cat", "/root/f"); code != 0 || out != "kept\n" {
+		t.Errorf("exec in the fork: %d %q %q", code, out, errOut)
+	}
 	_, out, _ := sandboxCLI(t, state, nil, "list", "--json")
 	var infos []localbox.Info
-	if err := json.Unmarshal([]byte(out), &infos); err != nil || len(infos) != 3 {
+	if err := json.Unmarshal([]byte(out), &infos); err != nil || len(infos) != 4 {
 		t.Fatalf("list --json: %q, %v", out, err)
 	}
 	if code, _, _ := sandboxCLI(t, state, nil, "delete", "cli"); code == 0 {
 		t.Error("delete of a running sandbox without --force succeeded")
 	}
-	for _, id := range []string{"cli", "once", "copy"} {
+	for _, id := range []string{"cli", "once", "copy", "forked"} {
 		if code, _, errOut := sandboxCLI(t, state, nil, "delete", "--force", id); code != 0 {
 			t.Errorf("delete %s: %d %q", id, code, errOut)
 		}
