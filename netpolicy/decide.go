@@ -13,7 +13,9 @@ import (
 const HTTPSPort = 443
 
 // Code is a short, stable name for why a decision came out as it did. It is
-// what metrics are labelled with; Reason is the sentence for people.
+// what metrics are labelled with; Reason is the sentence for people. A
+// failed lookup is not a decision and has no Code: Decide returns it as an
+// error beside the rules' decision.
 type Code string
 
 // Decision codes.
@@ -28,7 +30,6 @@ const (
 	CodeLocalName    Code = "local_name"
 	CodeAddressClass Code = "address_class"
 	CodeDeniedCIDR   Code = "denied_cidr"
-	CodeDNS          Code = "dns_error"
 )
 
 // Decision is the outcome of judging one destination: whether it is
@@ -45,7 +46,8 @@ type Decision struct {
 	Host Host
 	Port int
 	// Addrs are the addresses that passed every check, in the order to try.
-	// Only these may be dialed. Empty when not allowed.
+	// Only these may be dialed. Empty when not allowed, and when the rules
+	// allowed a name whose lookup failed.
 	Addrs []netip.Addr
 	// Addr is the address actually connected to, set by Dial.
 	Addr netip.Addr
@@ -82,10 +84,12 @@ type DecideArgs struct {
 
 // Decide judges a destination. A name is checked against the host rules
 // before any lookup, then resolved, and every answer classified; only
-// answers that pass are returned in Decision.Addrs. The error is non-nil
-// only when the lookup failed (a *DNSError): the decision is then a denial
-// with CodeDNS. A denial by policy is a Decision with Allow false and a nil
-// error.
+// answers that pass are returned in Decision.Addrs. A denial by policy is a
+// Decision with Allow false and a nil error. The error is non-nil only when
+// the rules allowed a name and its lookup then failed (a *DNSError): that is
+// not a policy decision, so the Decision still says what the rules decided
+// (Allow true, with their Code, Rule and Reason) but holds no address, and
+// Dial refuses it.
 func (d *Decider) Decide(ctx context.Context, args DecideArgs) (Decision, error) {
 	dec := Decision{Port: args.Port}
 	if dec.Port == 0 {
@@ -121,11 +125,10 @@ func (d *Decider) Decide(ctx context.Context, args DecideArgs) (Decision, error)
 		if !errors.As(err, &de) {
 			err = &DNSError{Host: h.Name, Err: err}
 		}
-		return deny(dec, CodeDNS, rule, err.Error()), err
+		return allowed(dec, code, rule, reason), err
 	}
 	if len(addrs) == 0 {
-		err := &DNSError{Host: h.Name, Err: errors.New("no addresses"), NotFound: true}
-		return deny(dec, CodeDNS, rule, err.Error()), err
+		return allowed(dec, code, rule, reason), &DNSError{Host: h.Name, Err: errors.New("no addresses"), NotFound: true}
 	}
 	var refusals []refusal
 	for _, a := range addrs {
@@ -252,6 +255,12 @@ func denyRefusals(dec Decision, name string, rs []refusal) Decision {
 		parts[i] = r.why
 	}
 	return deny(dec, first.code, first.rule, fmt.Sprintf("%s resolves only to refused addresses: %s", name, strings.Join(parts, "; ")))
+}
+
+// allowed is the rules' allow of a name whose lookup failed: no address.
+func allowed(dec Decision, code Code, rule, reason string) Decision {
+	dec.Allow, dec.Code, dec.Rule, dec.Reason, dec.Addrs = true, code, rule, reason, nil
+	return dec
 }
 
 func deny(dec Decision, code Code, rule, reason string) Decision {

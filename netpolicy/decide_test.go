@@ -152,17 +152,25 @@ func equalAddrs(a, b []netip.Addr) bool {
 	return true
 }
 
-func TestDecideDNSFailure(t *testing.T) {
+// TestDecideDNSFailureIsNotADenial: a lookup that fails after the rules
+// allowed the name is returned as a *DNSError beside the rules' decision
+// (allow, their rule and reason), with no address to dial; it used to be
+// reported as a denial.
+func TestDecideDNSFailureIsNotADenial(t *testing.T) {
 	d, srv := newTestDecider(t, "*.example.com")
 	srv.SetRcode("fail.example.com", dns.RcodeServerFailure)
 	for _, host := range []string{"nx.example.com", "fail.example.com"} {
 		dec, err := d.Decide(context.Background(), DecideArgs{Host: host})
 		var de *DNSError
-		if !errors.As(err, &de) {
-			t.Fatalf("Decide(%s) error = %v, want *DNSError", host, err)
+		if !errors.As(err, &de) || de.Host != host {
+			t.Fatalf("Decide(%s) error = %v, want a *DNSError for it", host, err)
 		}
-		if dec.Allow || dec.Code != CodeDNS || !strings.Contains(dec.Reason, host) {
-			t.Errorf("Decide(%s) = %+v, want a dns_error denial naming the host", host, dec)
+		if !dec.Allow || dec.Code != CodeAllowedHost || dec.Rule != "allowedHosts:*.example.com" || len(dec.Addrs) != 0 {
+			t.Errorf("Decide(%s) = %+v, want the rules' allow with no address", host, dec)
+		}
+		if c, err := d.Dial(context.Background(), &dec); err == nil {
+			c.Close()
+			t.Errorf("Dial of a decision whose lookup failed connected to %s", dec.Addr)
 		}
 	}
 }

@@ -33,11 +33,11 @@ func (cc *clientConn) connect(ctx context.Context, req *http.Request, t target) 
 	}
 	if err != nil {
 		// The event keeps the policy's decision; a failure after an allow
-		// (the dial) shows as its status and error.
+		// (the lookup, the dial) shows as its code, status and error.
 		e := asError(err)
 		ev.Status, ev.Duration = e.Status, time.Since(start)
-		if e.Err != nil {
-			ev.Error = e.Err.Error()
+		if ev.Allow {
+			ev.Code, ev.Error = e.Code, e.Error()
 		}
 		cc.p.record(ev)
 		cc.writeError(e, true)

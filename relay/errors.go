@@ -15,8 +15,14 @@ import (
 	"github.com/sandgate/sandgate/transforms/wasm"
 )
 
-// Relay reason codes, beside netpolicy's decision codes.
+// Relay reason codes, beside netpolicy's decision codes. An audit event
+// whose destination the policy allowed carries one of these when what
+// followed failed (CodeDNSFailure, CodeUpstream, CodeUpstreamTimout,
+// CodeModule, CodeTransform, CodeLimit, CodeBadRequest); a refusal by the
+// proxy's own checks carries the others.
 const (
+	// CodeDNSFailure is a name the policy allowed whose lookup failed.
+	CodeDNSFailure     = "dns_failure"
 	CodeBadRequest     = "bad_request"
 	CodePlainHTTP      = "plain_http"
 	CodeNoRoute        = "no_route"
@@ -80,7 +86,7 @@ func asError(err error) *Error {
 	}
 	var dnsErr *netpolicy.DNSError
 	if errors.As(err, &dnsErr) {
-		return &Error{Status: http.StatusBadGateway, Code: string(netpolicy.CodeDNS), Reason: dnsErr.Error(), Err: err}
+		return &Error{Status: http.StatusBadGateway, Code: CodeDNSFailure, Reason: dnsErr.Error(), Err: err}
 	}
 	if isTimeout(err) {
 		return &Error{Status: http.StatusGatewayTimeout, Code: CodeUpstreamTimout, Reason: "upstream did not answer in time", Err: err}

@@ -46,7 +46,7 @@ func (cc *clientConn) route(ctx context.Context, req *http.Request, t target) bo
 		}
 		ev.Status = e.Status
 		if ev.Allow { // the policy allowed; something after it failed
-			ev.Error = e.Error()
+			ev.Code, ev.Error = e.Code, e.Error()
 		}
 		scrubNotes(&ev, applied)
 		cc.p.record(ev)

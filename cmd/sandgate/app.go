@@ -19,6 +19,9 @@ const (
 	exitFailure  = 1
 	exitBadInput = 2
 	exitDenied   = 3
+	// exitLookupFailed is policy check's: the rules allowed the host but
+	// its lookup failed, which is not a policy decision.
+	exitLookupFailed = 4
 )
 
 // exitError carries an exit code out of a verb; main turns it into the
@@ -49,6 +52,9 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 		Usage:     "egress-controlled sandboxes for AI agents",
 		Writer:    stdout,
 		ErrWriter: stderr,
+		Flags: []cli.Flag{
+			&cli.BoolFlag{Name: "version", Usage: "print the version, the Go version and the VCS commit, and exit"},
+		},
 		Commands: []*cli.Command{
 			proxyCommand(),
 			policyCommand(),
@@ -56,10 +62,26 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 			sandboxCommand(),
 			agentCommand(),
 			wasmCommand(),
+			versionCommand(),
 		},
+		Action:         runApp,
+		OnUsageError:   usageError,
 		ExitErrHandler: func(*cli.Context, error) {}, // run() reports errors
 	}
 	return app
+}
+
+// runApp runs when no command was named: --version, or help on standard
+// error and exit 2 (a bare "sandgate" did nothing and exited 0).
+func runApp(c *cli.Context) error {
+	if c.Bool("version") {
+		return printVersion(c.App.Writer)
+	}
+	if c.NArg() > 0 {
+		return badInput("%q is not a sandgate command (see 'sandgate --help')", c.Args().First())
+	}
+	cli.HelpPrinter(c.App.ErrWriter, cli.AppHelpTemplate, c.App)
+	return &exitError{code: exitBadInput}
 }
 
 // run executes the CLI with args and returns the process exit status.
@@ -78,12 +100,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if ee != nil {
 		return ee.code
 	}
+	if isUsageError(err) { // before ExitCoder: "help NOPE" would exit 3, denied
+		return exitBadInput
+	}
 	var ce cli.ExitCoder
 	if errors.As(err, &ce) {
 		return ce.ExitCode()
-	}
-	if isUsageError(err) {
-		return exitBadInput
 	}
 	return exitFailure
 }

@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/miekg/dns"
+
 	"github.com/sandgate/sandgate/internal/dnstest"
 	"github.com/sandgate/sandgate/internal/tlstest"
 
@@ -28,6 +30,7 @@ func TestPolicyCheck(t *testing.T) {
 	d := dnstest.Start(t)
 	d.Set("api.example.com", netip.MustParseAddr("93.184.216.34"))
 	d.Set("private.example.com", netip.MustParseAddr("10.0.0.5"))
+	d.SetRcode("servfail.example.com", dns.RcodeServerFailure)
 	dir := t.TempDir()
 	pol := filepath.Join(dir, "policy.json")
 	os.WriteFile(pol, []byte(`{"mode":"custom","allowedHosts":["private.example.com"]}`), 0o644)
@@ -45,6 +48,10 @@ func TestPolicyCheck(t *testing.T) {
 		{[]string{"--dns", d.Addr, "other.example.com"}, 3, "deny: no allowedHosts rule matches other.example.com\n"},
 		{[]string{"--dns", d.Addr, "--policy", pol, "private.example.com"}, 3, "deny: private.example.com resolves only to private addresses (10.0.0.5)\n"},
 		{[]string{"--dns", d.Addr, "2130706433"}, 3, "deny: 127.0.0.1 is a loopback address\n"},
+		// A failed lookup is not a refusal: it used to print "deny:" and exit 3.
+		{[]string{"--dns", d.Addr, "--allow", "nx.example.com", "nx.example.com"}, 4, "allow by rule, but lookup failed: lookup nx.example.com: no such host (nx.example.com matched allowed host rule nx.example.com)\n"},
+		{[]string{"--dns", d.Addr, "--allow", "*.example.com", "servfail.example.com"}, 4, "allow by rule, but lookup failed: lookup servfail.example.com: "},
+		{[]string{"--dns", d.Addr, "nx.example.com"}, 3, "deny: no allowedHosts rule matches nx.example.com\n"},
 		{[]string{"--dns", d.Addr, "--allow", "*", "x.com"}, 2, "use {\"mode\":\"allow-all\"}"},
 		{[]string{"--dns", d.Addr, "--policy", badPol, "x.com"}, 2, `unknown key "allowedHost"`},
 		{[]string{"--dns", d.Addr}, 2, "takes one HOST[:PORT]"},
@@ -180,7 +187,7 @@ func TestProxyEndToEnd(t *testing.T) {
 	}
 	mb, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	for _, want := range []string{`sandgate_egress_decisions_total{kind="route",reason="allowed_host",result="allow"} 1`, `sandgate_egress_decisions_total{kind="route",reason="no_rule",result="deny"} 1`, "sandgate_active_tunnels 0"} {
+	for _, want := range []string{`sandgate_egress_decisions_total{code="allowed_host",decision="allow",kind="route"} 1`, `sandgate_egress_decisions_total{code="no_rule",decision="deny",kind="route"} 1`, "sandgate_active_tunnels 0"} {
 		if !bytes.Contains(mb, []byte(want)) {
 			t.Errorf("metrics lack %q", want)
 		}

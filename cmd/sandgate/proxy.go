@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"runtime"
+	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -33,15 +34,21 @@ func proxyCommand() *cli.Command {
 CONNECT host:443 tunnels, and base-URL routes http://LISTEN/https/<host>/<path>
 forwarded over HTTPS with the --transformations applied. Every decision is
 one audit event on --audit-log.`,
-		Flags: append(append(egressFlags(), wasmRuntimeFlags()...),
-			&cli.StringFlag{Name: "listen", Value: "127.0.0.1:3128", Usage: "`ADDR` to serve the proxy on", EnvVars: []string{"SANDGATE_PROXY_LISTEN"}},
-			&cli.StringFlag{Name: "transformations", Usage: "request-transformation rules `FILE` (JSON list; header values may be {\"env\":\"NAME\"})", EnvVars: []string{"SANDBOX_TRANSFORMATIONS_FILE"}},
-			&cli.StringFlag{Name: "metrics-listen", Usage: "serve Prometheus /metrics on `ADDR` (off when empty)", EnvVars: []string{"SANDGATE_METRICS_LISTEN"}},
-			&cli.StringFlag{Name: "audit-log", Value: "-", Usage: "write audit events as JSON lines to `FILE` (- for standard output)", EnvVars: []string{"SANDGATE_AUDIT_LOG"}},
-			&cli.StringFlag{Name: "sandbox-id", Value: "standalone", Usage: "the sandbox `ID` this proxy's connections are served as"},
-			&cli.DurationFlag{Name: "shutdown-grace", Value: 10 * time.Second, Usage: "on SIGTERM/SIGINT, let requests and tunnels in progress finish for up to `DURATION` before cutting them", EnvVars: []string{"SANDGATE_SHUTDOWN_GRACE"}},
-			&cli.StringSliceFlag{Name: "upstream-ca", Usage: "also trust the PEM certificates in `FILE` for upstreams (tests, private CAs)", EnvVars: []string{"SANDGATE_UPSTREAM_CA"}},
-			&cli.GenericFlag{Name: "transform-module", Value: &moduleSpecs{}, Usage: "apply the WebAssembly (http-wasm) module in `FILE[?CONFIG]` to base-URL routes, before the secret swap; repeatable, applied in order; CONFIG is the module's config, or @PATH to read it from a file"},
+		// Where it listens, what it allows, what it rewrites, where it
+		// reports, how it stops, then the tuning of transform modules.
+		Flags: slices.Concat(
+			[]cli.Flag{&cli.StringFlag{Name: "listen", Value: "127.0.0.1:3128", Usage: "serve the proxy on `ADDR`", EnvVars: []string{"SANDGATE_PROXY_LISTEN"}}},
+			egressFlags(),
+			[]cli.Flag{
+				&cli.StringFlag{Name: "transformations", Usage: "request-transformation rules `FILE` (JSON list; header values may be {\"env\":\"NAME\"})", EnvVars: []string{"SANDBOX_TRANSFORMATIONS_FILE"}},
+				&cli.GenericFlag{Name: "transform-module", Value: &moduleSpecs{}, Usage: "apply the WebAssembly (http-wasm) module in `FILE[?CONFIG]` to base-URL routes, before the secret swap; repeatable, applied in order; CONFIG is the module's config, or @PATH to read it from a file"},
+				&cli.StringSliceFlag{Name: "upstream-ca", Usage: "also trust the PEM certificates in `FILE` for upstreams (tests, private CAs); repeatable", EnvVars: []string{"SANDGATE_UPSTREAM_CA"}},
+				&cli.StringFlag{Name: "audit-log", Value: "-", Usage: "write audit events as JSON lines to `FILE` (- for standard output)", EnvVars: []string{"SANDGATE_AUDIT_LOG"}},
+				&cli.StringFlag{Name: "metrics-listen", Usage: "serve Prometheus /metrics on `ADDR` (off when empty)", EnvVars: []string{"SANDGATE_METRICS_LISTEN"}},
+				&cli.StringFlag{Name: "sandbox-id", Value: "standalone", Usage: "the sandbox `ID` this proxy's connections are served and audited as"},
+				&cli.DurationFlag{Name: "shutdown-grace", Value: 10 * time.Second, Usage: "on SIGTERM/SIGINT, let requests and tunnels in progress finish for up to `DURATION` before cutting them", EnvVars: []string{"SANDGATE_SHUTDOWN_GRACE"}},
+			},
+			wasmRuntimeFlags(),
 		),
 
 		OnUsageError: usageError,

@@ -21,19 +21,19 @@ import (
 // the local sandbox CLI with the verbs of Cloud Run's `sandbox`.
 func sandboxCommand() *cli.Command {
 	runFlags := []cli.Flag{
-		&cli.BoolFlag{Name: "detach", Aliases: []string{"d"}, Usage: "return once the command started; the sandbox runs on"},
+		&cli.BoolFlag{Name: "detach", Aliases: []string{"d"}, Usage: "return once the command started, printing ID; the sandbox runs on"},
 		&cli.BoolFlag{Name: "write", Usage: "make the root writable (into the sandbox's own layer)"},
 		&cli.StringFlag{Name: "import-tar", Usage: "layer `FILE` (tar, zstd or gzip) to start the writable layer from"},
 		&cli.StringFlag{Name: "template", Usage: "start on template `NAME` (see 'sandbox template'), shared read-only beneath the sandbox's own layer (sandgate's own; not in Cloud Run's CLI)"},
 		&cli.GenericFlag{Name: "env", Aliases: []string{"e"}, Value: &repeated{}, Usage: "`K=V` for the command (repeatable)"},
 		&cli.StringFlag{Name: "workdir", Aliases: []string{"w"}, Usage: "working `DIR` inside the sandbox"},
 		&cli.StringFlag{Name: "rootfs", Value: "/", Usage: "host `DIR` seen read-only as the sandbox's root"},
-		&cli.GenericFlag{Name: "mount", Value: &repeated{}, Usage: "type=bind,source=S,destination=D[,readonly] (repeatable)"},
-		&cli.BoolFlag{Name: "stdin", Value: true, Usage: "connect stdin (without --detach)"},
-		&cli.BoolFlag{Name: "stdout", Value: true, Usage: "connect stdout (without --detach)"},
-		&cli.BoolFlag{Name: "stderr", Value: true, Usage: "connect stderr (without --detach)"},
-		&cli.StringFlag{Name: "memory", Usage: "memory limit: `BYTES` or a size like 512m, 2g (cgroup)"},
-		&cli.Int64Flag{Name: "pids", Usage: "process limit `N` (cgroup)"},
+		&cli.GenericFlag{Name: "mount", Value: &repeated{}, Usage: "bind-mount `SPEC`, type=bind,source=S,destination=D[,readonly] (repeatable)"},
+		&cli.BoolFlag{Name: "stdin", Value: true, Usage: "connect stdin without --detach (--stdin=false to leave it unconnected)"},
+		&cli.BoolFlag{Name: "stdout", Value: true, Usage: "connect stdout without --detach (--stdout=false to leave it unconnected)"},
+		&cli.BoolFlag{Name: "stderr", Value: true, Usage: "connect stderr without --detach (--stderr=false to leave it unconnected)"},
+		&cli.StringFlag{Name: "memory", Usage: "memory limit: `BYTES` or a size like 512m, 2g (cgroup; none when empty)"},
+		&cli.Int64Flag{Name: "pids", Usage: "process limit `N` (cgroup; 0 for none)"},
 		&cli.StringFlag{Name: "tmp-size", Value: "512m", Usage: "size `BYTES` of the /tmp tmpfs (its pages count against --memory)"},
 		&cli.StringFlag{Name: "shm-size", Value: "64m", Usage: "size `BYTES` of the /dev/shm tmpfs (its pages count against --memory)"},
 	}
@@ -41,15 +41,16 @@ func sandboxCommand() *cli.Command {
 		Name:  "sandbox",
 		Usage: "run isolated sandboxes on this Linux host (the verbs of Cloud Run's sandbox CLI)",
 		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "state-dir", Value: localbox.DefaultStateDir, EnvVars: []string{"SANDGATE_STATE_DIR"}, Usage: "where sandboxes keep their state"},
+			&cli.StringFlag{Name: "state-dir", Value: localbox.DefaultStateDir, EnvVars: []string{"SANDGATE_STATE_DIR"}, Usage: "keep the sandboxes' state in `DIR`"},
 		},
 		Subcommands: []*cli.Command{{
 			Name:      "run",
 			Usage:     "create sandbox ID and run CMD in it",
 			ArgsUsage: "ID [flags] -- CMD...",
 			Description: `Without --detach, stdio is connected and sandgate exits with CMD's exit code
-(128+signal for a signal). With --detach it returns once CMD started; the
-sandbox runs until CMD exits (then it is "stopped") or it is deleted.`,
+(128+signal for a signal). With --detach it prints ID and returns once CMD
+started; the sandbox runs until CMD exits (then it is "stopped") or it is
+deleted.`,
 			Flags:        runFlags,
 			OnUsageError: usageError,
 			Action:       runSandboxRun,
@@ -68,8 +69,8 @@ sandbox runs until CMD exits (then it is "stopped") or it is deleted.`,
 			Usage:     "write sandbox ID's writable layer to --file",
 			ArgsUsage: "ID --file=F",
 			Flags: []cli.Flag{
-				&cli.StringFlag{Name: "file", Aliases: []string{"f"}, Usage: "layer `FILE` to write"},
-				&cli.StringFlag{Name: "compression", Value: "none", Usage: "none, zstd or gzip"},
+				&cli.StringFlag{Name: "file", Aliases: []string{"f"}, Usage: "write the layer to `FILE` (required)"},
+				&cli.StringFlag{Name: "compression", Value: "none", Usage: "compress with `ALGORITHM`: none, zstd or gzip"},
 			},
 			OnUsageError: usageError,
 			Action:       runSandboxTar,
@@ -77,7 +78,7 @@ sandbox runs until CMD exits (then it is "stopped") or it is deleted.`,
 			Name:         "fork",
 			Usage:        "create sandbox DST from SRC (a copy of its writable layer) and run SRC's command in it",
 			ArgsUsage:    "SRC DST [--detach]",
-			Flags:        []cli.Flag{&cli.BoolFlag{Name: "detach", Aliases: []string{"d"}, Usage: "return once the command started"}},
+			Flags:        []cli.Flag{&cli.BoolFlag{Name: "detach", Aliases: []string{"d"}, Usage: "return once the command started, printing DST"}},
 			OnUsageError: usageError,
 			Action:       runSandboxFork,
 		}, {
@@ -261,16 +262,17 @@ func runSandboxRun(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	return launch(c, c.Bool("detach"), c.Bool("stdin"), c.Bool("stdout"), c.Bool("stderr"), func(stdio localbox.Stdio) (*localbox.Process, error) {
+	return launch(c, pos[0], c.Bool("detach"), c.Bool("stdin"), c.Bool("stdout"), c.Bool("stderr"), func(stdio localbox.Stdio) (*localbox.Process, error) {
 		opts.Stdio = stdio
 		return m.Run(c.Context, opts)
 	})
 }
 
-// launch starts a sandbox and its command with start, connected to the
+// launch starts sandbox id and its command with start, connected to the
 // CLI's stdio (the streams in, out and errOut say which) unless detach, then
-// follows the command to its end or detaches from it.
-func launch(c *cli.Context, detach, in, out, errOut bool, start func(localbox.Stdio) (*localbox.Process, error)) error {
+// follows the command to its end or detaches from it and prints id, as
+// "docker run -d" prints the container's.
+func launch(c *cli.Context, id string, detach, in, out, errOut bool, start func(localbox.Stdio) (*localbox.Process, error)) error {
 	var stdio localbox.Stdio
 	wait := func() {}
 	if !detach {
@@ -285,7 +287,11 @@ func launch(c *cli.Context, detach, in, out, errOut bool, start func(localbox.St
 		return sandboxErr(err)
 	}
 	if detach {
-		return p.Detach()
+		if err := p.Detach(); err != nil {
+			return err
+		}
+		_, err := fmt.Fprintln(c.App.Writer, id)
+		return err
 	}
 	return follow(c, p, wait)
 }
@@ -368,7 +374,7 @@ func runSandboxFork(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	return launch(c, c.Bool("detach"), true, true, true, func(stdio localbox.Stdio) (*localbox.Process, error) {
+	return launch(c, pos[1], c.Bool("detach"), true, true, true, func(stdio localbox.Stdio) (*localbox.Process, error) {
 		return m.Fork(c.Context, pos[0], pos[1], stdio)
 	})
 }

@@ -49,7 +49,7 @@ the status and reason and exits 3; a response the module gave itself is
 printed and exits 0; a module failure exits 1. Audit notes and the module's
 log go to standard error.`,
 				Flags: append(wasmRuntimeFlags(), wasmConfigFlag(),
-					&cli.StringFlag{Name: "request", Usage: "read the HTTP request from `FILE` (- for standard input); required"},
+					&cli.StringFlag{Name: "request", Usage: "read the HTTP request from `REQFILE`, - for standard input (required)"},
 					&cli.StringFlag{Name: "sandbox-id", Value: "standalone", Usage: "the sandbox `ID` the module sees (sandgate.sandbox_id)"},
 				),
 				OnUsageError: usageError,
@@ -65,13 +65,13 @@ func wasmRuntimeFlags() []cli.Flag {
 	return []cli.Flag{
 		&cli.StringFlag{Name: "wasm-cache-dir", Usage: "compilation cache `DIR` for transform modules (\"off\" for none; default under the user cache directory)", EnvVars: []string{"SANDGATE_WASM_CACHE_DIR"}},
 		&cli.UintFlag{Name: "wasm-memory-pages", Value: 512, Usage: "memory cap of each module instance, in 64 KiB `PAGES`", EnvVars: []string{"SANDGATE_WASM_MEMORY_PAGES"}},
-		&cli.DurationFlag{Name: "wasm-call-timeout", Value: 100 * time.Millisecond, Usage: "time limit of each call into a module (`DURATION`)", EnvVars: []string{"SANDGATE_WASM_CALL_TIMEOUT"}},
-		&cli.IntFlag{Name: "wasm-max-body", Value: 1 << 20, Usage: "largest body (`BYTES`) buffered for, or written by, a module", EnvVars: []string{"SANDGATE_WASM_MAX_BODY"}},
+		&cli.DurationFlag{Name: "wasm-call-timeout", Value: 100 * time.Millisecond, Usage: "stop each call into a module after `DURATION`", EnvVars: []string{"SANDGATE_WASM_CALL_TIMEOUT"}},
+		&cli.IntFlag{Name: "wasm-max-body", Value: 1 << 20, Usage: "buffer for, or let a module write, bodies of at most `BYTES`", EnvVars: []string{"SANDGATE_WASM_MAX_BODY"}},
 	}
 }
 
 func wasmConfigFlag() cli.Flag {
-	return &cli.StringFlag{Name: "config", Usage: "the module's config: `STR`, or @FILE to read it from FILE"}
+	return &cli.StringFlag{Name: "config", Usage: "the module's `CONFIG`: the text itself, or @FILE to read it from FILE"}
 }
 
 // newWasmRuntime builds the runtime from the wasm flags.

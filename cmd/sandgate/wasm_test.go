@@ -61,6 +61,19 @@ func TestWasmCheck(t *testing.T) {
 	}
 }
 
+// TestWasmCheckBadConfigIsOneLine: a module whose init refuses its config
+// (guest.Abort) made wasm check print the message in a log line, again as a
+// Go panic, and a wasm stack trace. It is one line, the message once, exit 2.
+func TestWasmCheckBadConfigIsOneLine(t *testing.T) {
+	probe := probeGuest(t)
+	code, out, errOut := runCLI(t, "wasm", "check", probe, "--wasm-cache-dir="+t.TempDir(),
+		"--config", "init log 2 probe:%20config:%20missing%20closing%20)\ninit panic")
+	want := "sandgate: wasm module probe: its start function failed: probe: config: missing closing )\n"
+	if code != exitBadInput || out != "" || errOut != want {
+		t.Errorf("got %d, stdout %q, stderr %q; want 2 and only %q", code, out, errOut, want)
+	}
+}
+
 func TestWasmRun(t *testing.T) {
 	probe := probeGuest(t)
 	cache := "--wasm-cache-dir=" + gobuild.WasmCache(t)

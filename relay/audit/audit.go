@@ -35,10 +35,21 @@ type Event struct {
 	Port    int       `json:"port,omitempty"`
 	Method  string    `json:"method,omitempty"`
 	// Path is the request path without its query string.
-	Path  string `json:"path,omitempty"`
-	Allow bool   `json:"allow"`
-	// Code is the short reason code (netpolicy.Code or a relay code).
-	Code   string `json:"code"`
+	Path string `json:"path,omitempty"`
+	// Allow is what was decided, logged as "decision": true when the policy
+	// admitted the destination, whatever then happened to its lookup, the
+	// upstream or the request; false when sandgate refused to carry it (a
+	// rule, an address class, or one of the proxy's own checks: not TLS,
+	// another server name, a module's refusal, a malformed request, a
+	// limit).
+	Allow bool `json:"allow"`
+	// Code is the short code of the outcome: the refusal's (a netpolicy
+	// code or a relay code) when denied; when allowed, the code of what
+	// failed afterwards (relay.CodeDNSFailure, CodeUpstream, ...), or else
+	// the allowing rule's (netpolicy.CodeAllowedHost, ...).
+	Code string `json:"code"`
+	// Reason is the sentence for the decision: the rule that allowed, or
+	// why it was refused. What failed after an allow is in Error.
 	Reason string `json:"reason"`
 	Rule   string `json:"rule,omitempty"`
 	// Addr is the address connected to (or, when refused after a lookup,
@@ -61,7 +72,8 @@ type Event struct {
 	Error        string   `json:"error,omitempty"`
 }
 
-// Decision renders Allow as the word used in logs.
+// Decision renders Allow as the word used in logs and metrics: "allow" or
+// "deny".
 func (e Event) Decision() string {
 	if e.Allow {
 		return "allow"

@@ -18,8 +18,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sandgate_egress_decisions_total",
-			Help: "Egress decisions by result (allow, deny), reason code and kind.",
-		}, []string{"result", "reason", "kind"}),
+			Help: "Egress events by decision (allow, deny), code and kind, as in the audit line: code is the rule that allowed, the refusal, or what failed after an allow (dns_failure, upstream_error, ...).",
+		}, []string{"decision", "code", "kind"}),
 		tunnelBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sandgate_tunnel_bytes_total",
 			Help: "Bytes carried by CONNECT tunnels; direction in is from the sandbox, out is to it.",

@@ -59,7 +59,16 @@ type callState struct {
 	refused      bool
 	refuseStatus int
 	reason       string
+
+	// startErrors are the messages the guest logged at error level while
+	// it started, held back rather than logged: if the start then fails,
+	// the last one is why (guest.Abort logs its message, then panics) and
+	// becomes the load error, said once; if it succeeds, they are logged.
+	startErrors []string
 }
+
+// maxStartErrors bounds the error messages held while a guest starts.
+const maxStartErrors = 8
 
 type stateKey struct{}
 
@@ -249,6 +258,14 @@ func slogLevel(l int32) (slog.Level, bool) {
 func (h *hostFuncs) log(ctx context.Context, mod api.Module, stack []uint64) {
 	st := state(ctx)
 	level, ok := slogLevel(int32(uint32(stack[0])))
+	if ok && level >= slog.LevelError && st.phase == phaseStart {
+		msg := mem(mod, uint32(stack[1]), min(uint32(stack[2]), maxLogLen), "log")
+		if len(st.startErrors) == maxStartErrors {
+			st.startErrors = st.startErrors[1:]
+		}
+		st.startErrors = append(st.startErrors, strings.ToValidUTF8(string(msg), "?"))
+		return
+	}
 	if !ok || !h.rt.cfg.Logger.Enabled(ctx, level) {
 		return
 	}

@@ -3,9 +3,12 @@ package wasm
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"net/http"
 	"strings"
 	"testing"
+
+	"github.com/sandgate/sandgate/internal/syncbuf"
 )
 
 func TestLoadRefusesWithTheNameOfWhatIsWrong(t *testing.T) {
@@ -114,5 +117,53 @@ func TestHandwrittenHandlerRuns(t *testing.T) {
 	x, err = run(t, outbound(t, "GET", "/", ""), stop)
 	if err != nil || x.Answer() == nil || x.Answer().Status != http.StatusOK || x.Answer().Refused || len(x.Answer().Body) != 0 {
 		t.Fatalf("got %v, %+v; want the default empty 200", err, x.Answer())
+	}
+}
+
+// TestStartFailureIsOneLineWithTheMessageOnce: a guest whose init refused
+// its config (guest.Abort: log the message, then panic) was refused with
+// the message in the log, again in "(stderr: panic: …)", and wazero's
+// error with the guest's stack trace. The load error is one line naming the
+// guest's message once, and nothing is logged above debug.
+func TestStartFailureIsOneLineWithTheMessageOnce(t *testing.T) {
+	tests := []struct {
+		name   string
+		script string
+		want   string
+	}{
+		{"abort", "init log 2 probe:%20config%20must%20name%20a%20header\ninit panic", "wasm module probe: its start function failed: probe: config must name a header"},
+		{"bare panic", "init panic", "wasm module probe: its start function failed: probe was told to panic"},
+		{"last error logged", "init log 2 first\ninit log 2 second\ninit panic", "wasm module probe: its start function failed: second"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var logs syncbuf.Buffer
+			r := newRuntime(t, Config{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+			m, err := r.Load(context.Background(), "probe", guest(t, "probe"), []byte(tt.script))
+			if err == nil {
+				m.Close(context.Background())
+				t.Fatal("Load succeeded; want the start to fail")
+			}
+			if err.Error() != tt.want {
+				t.Errorf("got %q, want %q", err, tt.want)
+			}
+			if tt.name == "abort" && strings.Contains(logs.String(), "must name a header") {
+				t.Errorf("the message was logged as well as returned:\n%s", logs.String())
+			}
+			if tt.name == "last error logged" && !strings.Contains(logs.String(), "msg=first") {
+				t.Errorf("the earlier error message was not logged:\n%s", logs.String())
+			}
+		})
+	}
+}
+
+// TestStartErrorsLoggedWhenTheStartSucceeds: error messages a guest logs
+// while it starts are held back only to explain a failed start.
+func TestStartErrorsLoggedWhenTheStartSucceeds(t *testing.T) {
+	var logs syncbuf.Buffer
+	r := newRuntime(t, Config{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	probe(t, r, "init log 2 deprecated%20config")
+	if !strings.Contains(logs.String(), `level=ERROR msg="deprecated config" module=probe`) {
+		t.Errorf("the start's error message was not logged:\n%s", logs.String())
 	}
 }

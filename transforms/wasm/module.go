@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -225,10 +226,13 @@ func (m *Module) instantiate(ctx context.Context) (*instance, error) {
 			}
 			return nil, loadError(m.name, nil, "its start function exited with code %d%s: it is a command module; build a reactor (Go: GOOS=wasip1 GOARCH=wasm go build -buildmode=c-shared)", ee.ExitCode(), inst.stderr.suffix())
 		}
-		return nil, loadError(m.name, err, "cannot be instantiated%s", inst.stderr.suffix())
+		return nil, m.startFailed(err, st, inst)
 	}
 	if mod.IsClosed() { // wazero does not report an exit with code 0 from a start function
 		return nil, loadError(m.name, nil, "its start function exited with code 0: it is a command module; build a reactor (Go: GOOS=wasip1 GOARCH=wasm go build -buildmode=c-shared)")
+	}
+	for _, msg := range st.startErrors {
+		m.rt.cfg.Logger.LogAttrs(context.Background(), slog.LevelError, msg, slog.String("module", m.name))
 	}
 	inst.mod = mod
 	inst.cc = newCallCtx()
@@ -236,6 +240,34 @@ func (m *Module) instantiate(ctx context.Context) (*instance, error) {
 	inst.handleRequest = mod.ExportedFunction(exportHandleRequest)
 	inst.handleResponse = mod.ExportedFunction(exportHandleResponse)
 	return inst, nil
+}
+
+// startFailed is the load error of a start function that trapped (a Go
+// guest's init panicked, say on a config it cannot use): one line, with
+// the guest's own words once. They are, in order of preference, the last
+// error it logged while starting (guest.Abort logs its message before it
+// panics), the first line of its stderr without Go's "panic: " (a bare
+// panic), or the trap itself. wazero's error, which adds a stack trace of
+// the guest, goes to the debug log only.
+func (m *Module) startFailed(err error, st *callState, inst *instance) *Error {
+	m.rt.cfg.Logger.Debug("wasm module start function failed", "module", m.name, "err", err.Error())
+	why := ""
+	if n := len(st.startErrors); n > 0 {
+		why = st.startErrors[n-1]
+		for _, msg := range st.startErrors[:n-1] {
+			m.rt.cfg.Logger.LogAttrs(context.Background(), slog.LevelError, msg, slog.String("module", m.name))
+		}
+	}
+	if why == "" {
+		why = strings.TrimPrefix(inst.stderr.firstLine(), "panic: ")
+	}
+	if why == "" {
+		why, _, _ = strings.Cut(err.Error(), "\n")
+		if _, trap, ok := strings.Cut(why, "] failed: "); ok && strings.HasPrefix(why, "module[") {
+			why = trap // "module[] function[_initialize] failed: wasm error: unreachable"
+		}
+	}
+	return loadError(m.name, nil, "its start function failed: %s", why)
 }
 
 // borrow takes an idle instance, or starts one, waiting (bounded by ctx and
@@ -397,14 +429,20 @@ func (h *headBuffer) reset() {
 	h.mu.Unlock()
 }
 
-// suffix renders the first line of stderr as ": line", or "".
-func (h *headBuffer) suffix() string {
+// firstLine returns the first line of stderr, or "".
+func (h *headBuffer) firstLine() string {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	s := strings.TrimSpace(string(h.b))
 	s, _, _ = strings.Cut(s, "\n")
+	return strings.ToValidUTF8(strings.TrimSpace(s), "?")
+}
+
+// suffix renders the first line of stderr as " (stderr: line)", or "".
+func (h *headBuffer) suffix() string {
+	s := h.firstLine()
 	if s == "" {
 		return ""
 	}
-	return " (stderr: " + strings.ToValidUTF8(s, "?") + ")"
+	return " (stderr: " + s + ")"
 }

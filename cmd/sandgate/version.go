@@ -1,0 +1,80 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"runtime"
+	"runtime/debug"
+	"strings"
+
+	"github.com/urfave/cli/v2"
+)
+
+func versionCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "version",
+		Usage: "print sandgate's version, the Go version it was built with and its VCS commit",
+		Action: func(c *cli.Context) error {
+			if c.NArg() > 0 {
+				return badInput("version takes no arguments, got %q", c.Args().First())
+			}
+			return printVersion(c.App.Writer)
+		},
+		OnUsageError: usageError,
+	}
+}
+
+func printVersion(w io.Writer) error {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		bi = nil
+	}
+	_, err := io.WriteString(w, versionText(bi))
+	return err
+}
+
+// versionText renders what `sandgate version` prints from the binary's
+// build information (nil when it has none): the main module's version, the
+// Go version and the VCS commit, "unknown" for what was not recorded (a
+// build with -buildvcs=false, or outside a git checkout, has no commit).
+func versionText(bi *debug.BuildInfo) string {
+	version, goVersion := "unknown", runtime.Version()
+	commit, when, modified := "unknown", "", false
+	if bi != nil {
+		if bi.Main.Version != "" {
+			version = bi.Main.Version
+		}
+		if bi.GoVersion != "" {
+			goVersion = bi.GoVersion
+		}
+		for _, s := range bi.Settings {
+			switch s.Key {
+			case "vcs.revision":
+				commit = s.Value
+			case "vcs.time":
+				when = s.Value
+			case "vcs.modified":
+				modified = s.Value == "true"
+			}
+		}
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "sandgate version %s\n", version)
+	fmt.Fprintf(&b, "go version %s %s/%s\n", goVersion, runtime.GOOS, runtime.GOARCH)
+	var notes []string
+	if when != "" {
+		notes = append(notes, when)
+	}
+	if modified {
+		notes = append(notes, "modified")
+	}
+	if commit == "unknown" {
+		notes = append(notes, "built without VCS information, e.g. with -buildvcs=false")
+	}
+	fmt.Fprintf(&b, "commit %s", commit)
+	if len(notes) > 0 {
+		fmt.Fprintf(&b, " (%s)", strings.Join(notes, ", "))
+	}
+	b.WriteString("\n")
+	return b.String()
+}
