@@ -72,32 +72,13 @@ an existing one is merged into. A refused layer changes nothing.`,
 	}
 }
 
-// openLocation splits a layer location into a store and an object name:
-// gs://bucket/a/b.tar.zst is object a/b.tar.zst in the bucket; a path or
-// file:///dir/b.tar.zst is object b.tar.zst in the directory store dir.
+// openLocation opens the store holding the layer object at loc (see
+// store.OpenObject); a location it cannot read is the caller's mistake.
 func openLocation(ctx context.Context, loc string) (store.Store, string, error) {
-	if rest, ok := strings.CutPrefix(loc, "gs://"); ok {
-		bucket, name, _ := strings.Cut(rest, "/")
-		if bucket == "" || store.CheckName(name) != nil {
-			return nil, "", badInput("%q: want gs://bucket/object", loc)
-		}
-		s, err := store.OpenGCS(ctx, bucket, "")
-		return s, name, err
+	s, name, err := store.OpenObject(ctx, loc)
+	if errors.Is(err, store.ErrBadLocation) || errors.Is(err, store.ErrBadName) {
+		return nil, "", badInput("%v", err)
 	}
-	p := loc
-	if rest, ok := strings.CutPrefix(loc, "file://"); ok {
-		p = rest
-		if !strings.HasPrefix(p, "/") {
-			return nil, "", badInput("%q: want file:///absolute/path", loc)
-		}
-	} else if strings.Contains(loc, "://") {
-		return nil, "", badInput("%q: want a path, file:///path or gs://bucket/object", loc)
-	}
-	name := filepath.Base(p)
-	if p == "" || store.CheckName(name) != nil {
-		return nil, "", badInput("%q: the file name must not be empty or start with '.'", loc)
-	}
-	s, err := store.NewDir(filepath.Dir(p))
 	return s, name, err
 }
 
@@ -108,16 +89,7 @@ func readManifestAt(ctx context.Context, loc string) (*snapshot.Manifest, error)
 		return nil, err
 	}
 	defer s.Close()
-	return getManifest(ctx, s, name)
-}
-
-func getManifest(ctx context.Context, s store.Store, name string) (*snapshot.Manifest, error) {
-	rc, err := s.Get(ctx, name)
-	if err != nil {
-		return nil, err
-	}
-	defer rc.Close()
-	return snapshot.ReadManifest(rc)
+	return snapshot.ReadStoredManifest(ctx, s, name)
 }
 
 func runSnapshotPack(c *cli.Context) error {
@@ -157,45 +129,15 @@ func runSnapshotPack(c *cli.Context) error {
 
 	bar := newProgress(c.App.ErrWriter, "pack", func() int64 { return treeSize(dir) })
 	opts.Progress = bar.set
-	pr, pw := io.Pipe()
-	type packed struct {
-		m   *snapshot.Manifest
-		err error
-	}
-	done := make(chan packed, 1)
-	var digest string // set before the pipe closes, read by Put after EOF
-	go func() {
-		m, err := snapshot.Pack(ctx, dir, pw, opts)
-		if err == nil {
-			digest = m.Digest
-		}
-		pw.CloseWithError(err)
-		done <- packed{m, err}
-	}()
-	info, err := st.Put(ctx, name, pr, store.PutOptions{
-		IfNotExist: c.Bool("no-clobber"),
-		Digest:     func() string { return digest },
-	})
-	pr.CloseWithError(errors.New("store stopped reading"))
-	res := <-done
+	m, err := snapshot.Save(ctx, snapshot.DirSource(dir), st, name, snapshot.SaveOptions{PackOptions: opts, NoClobber: c.Bool("no-clobber")})
 	bar.finish()
-	switch {
-	case errors.Is(err, store.ErrPreconditionFailed):
+	if errors.Is(err, store.ErrPreconditionFailed) {
 		return badInput("--out %q already exists (--no-clobber)", c.String("out"))
-	case res.err != nil:
-		return res.err // the store saw it as its source failing
-	case err != nil:
+	}
+	if err != nil {
 		return err
 	}
-	if info.Digest != "" && info.Digest != res.m.Digest {
-		return fmt.Errorf("store recorded %s, pack wrote %s: %w", info.Digest, res.m.Digest, snapshot.ErrDigestMismatch)
-	}
-	pmr, pmw := io.Pipe()
-	go func() { _, err := res.m.WriteTo(pmw); pmw.CloseWithError(err) }()
-	if _, err := st.Put(ctx, snapshot.ManifestName(name), pmr, store.PutOptions{}); err != nil {
-		return fmt.Errorf("write manifest: %w", err)
-	}
-	summary := *res.m
+	summary := *m
 	summary.Files = nil
 	_, err = summary.WriteTo(c.App.Writer)
 	return err
@@ -226,23 +168,28 @@ func runSnapshotUnpack(c *cli.Context) error {
 	}
 	defer st.Close()
 	opts := snapshot.ApplyOptions{Mode: mode, Trusted: c.Bool("trusted"), MaxBytes: c.Int64("max-bytes")}
-	m, err := getManifest(ctx, st, snapshot.ManifestName(name))
+	var rc io.ReadCloser
+	var size int64
+	l, err := snapshot.Load(ctx, st, name)
 	switch {
 	case err == nil:
-		opts.Digest, opts.TarDigest = m.Digest, m.TarDigest
-	case !errors.Is(err, store.ErrNotFound):
-		return fmt.Errorf("manifest: %w", err)
-	}
-	info, err := st.Stat(ctx, name)
-	if err != nil {
-		return err
-	}
-	rc, err := st.Get(ctx, name)
-	if err != nil {
+		rc, size = l, l.Manifest.Size
+		opts.Digest, opts.TarDigest = l.Manifest.Digest, l.Manifest.TarDigest
+	case errors.Is(err, store.ErrNotFound):
+		// No manifest: the store's recorded digest is all there is.
+		info, err := st.Stat(ctx, name)
+		if err != nil {
+			return err
+		}
+		if rc, err = st.Get(ctx, name); err != nil {
+			return err
+		}
+		size = info.Size
+	default:
 		return err
 	}
 	defer rc.Close()
-	bar := newProgress(c.App.ErrWriter, "unpack", func() int64 { return info.Size })
+	bar := newProgress(c.App.ErrWriter, "unpack", func() int64 { return size })
 	opts.Progress = bar.set
 	res, err := snapshot.Unpack(ctx, rc, c.String("into"), opts)
 	bar.finish()
@@ -269,7 +216,7 @@ func runSnapshotInspect(c *cli.Context) error {
 	}
 	defer st.Close()
 	w := c.App.Writer
-	if m, err := getManifest(ctx, st, snapshot.ManifestName(name)); err == nil {
+	if m, err := snapshot.ReadStoredManifest(ctx, st, snapshot.ManifestName(name)); err == nil {
 		m.Files = nil
 		m.WriteTo(w)
 	} else if !errors.Is(err, store.ErrNotFound) {
