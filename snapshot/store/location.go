@@ -85,6 +85,18 @@ func OpenObject(ctx context.Context, loc string) (Store, string, error) {
 	return s, name, err
 }
 
+// LocalPath returns the file system path an object location names (a
+// path, or file:///path), or ok=false for a Cloud Storage location. It
+// reads locations as OpenObject does, without opening anything, for a
+// caller that reads a user's own file directly rather than through a store.
+func LocalPath(loc string) (path string, ok bool, err error) {
+	l, err := parseLocation(loc, false)
+	if err != nil || l.bucket != "" {
+		return "", false, err
+	}
+	return l.dir, true, nil
+}
+
 // BucketURL is the store location for the SNAPSHOT_BUCKET setting, which
 // names a bucket.
 func BucketURL(bucket string) string { return "gs://" + bucket }
