@@ -77,6 +77,12 @@ type ApplyResult struct {
 	TarDigest   string
 	TarSize     int64
 	Entries     int64
+	// StreamChecksum names the integrity check the compressed stream
+	// carried itself, verified while reading: "crc32" for gzip (always
+	// there), "xxhash64" when every zstd frame carried a content checksum,
+	// "" when there was none (a bare tar, or zstd frames without
+	// checksums, as Pack writes them: a manifest's sha256 covers those).
+	StreamChecksum string
 }
 
 // maxTrailing bounds the bytes accepted after the end of a compressed stream.
@@ -191,7 +197,8 @@ type applier struct {
 
 func (a *applier) read(r io.Reader) (*ApplyResult, error) {
 	a.compRead = newHashingReader(r)
-	br := bufio.NewReaderSize(a.compRead, 1<<20)
+	frames := &zstdFrames{}
+	br := bufio.NewReaderSize(io.TeeReader(a.compRead, frames), 1<<20)
 	dec, comp, err := newDecompressor(br)
 	if err != nil {
 		return nil, err
@@ -241,6 +248,8 @@ func (a *applier) read(r io.Reader) (*ApplyResult, error) {
 		TarDigest:   tarRead.digest(),
 		TarSize:     tarRead.n.Load(),
 		Entries:     a.entries,
+
+		StreamChecksum: streamChecksum(comp, frames),
 	}
 	if a.opts.Digest != "" && a.opts.Digest != res.Digest {
 		return nil, fmt.Errorf("layer digest %s, want %s: %w", res.Digest, a.opts.Digest, ErrDigestMismatch)

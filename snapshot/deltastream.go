@@ -10,26 +10,34 @@ import (
 	"path"
 )
 
-// PackDelta is Pack with PackOptions.Base for a layer that arrives as a
-// stream rather than a directory: the full layer read from full (any
-// compression, or none; for example what a sandbox CLI's `tar` verb wrote)
-// is filtered, in one pass, down to what differs from base, plus removal
-// whiteouts for base paths that are gone. Entries are compared with the
-// same quick check as Pack (type, mode, owner, size, mtime, link, xattrs),
-// so a stream whose tool drops sub-second mtimes yields a larger delta,
-// never a wrong one. opts.Base is ignored; opts.Index records the index of
-// the full tree.
-func PackDelta(ctx context.Context, base *Manifest, full io.Reader, w io.Writer, opts PackOptions) (*Manifest, error) {
-	if base == nil || len(base.Files) == 0 {
-		return nil, fmt.Errorf("delta: base manifest has no file index; pack the base with Index (--index)")
+// PackStream is Pack for a layer that arrives as a stream rather than a
+// directory: the full layer read from src (any compression, or none; for
+// example what a sandbox CLI's `tar` verb wrote) is re-encoded, in one
+// pass, as a layer with opts.Compression, its digests and a manifest. Its
+// entries are checked as they pass (names, types: what Pack could not have
+// written is refused with ErrUnsupported or ErrRefused).
+//
+// With opts.Base it writes a delta: entries are compared with Base.Files
+// by the same quick check as Pack (type, mode, owner, size, mtime, link,
+// xattrs), unchanged ones are skipped as they stream by, and removal
+// whiteouts for base paths that are gone end the layer. A stream whose
+// tool drops sub-second mtimes yields a larger delta, never a wrong one.
+// opts.Index records the index of the whole tree (so deltas chain).
+func PackStream(ctx context.Context, src io.Reader, w io.Writer, opts PackOptions) (*Manifest, error) {
+	base := opts.Base
+	if base != nil && len(base.Files) == 0 {
+		return nil, fmt.Errorf("delta: base manifest %s has no file index; pack the base with Index (--index)", base.Digest)
+	}
+	if base == nil {
+		base = &Manifest{} // a full layer: every entry differs from nothing
 	}
 	idx := make(map[string]FileInfo, len(base.Files))
 	for _, f := range base.Files {
 		idx[f.Path] = f
 	}
-	in, err := openTar(full, DefaultMaxBytes)
+	in, err := openTar(src, DefaultMaxBytes)
 	if err != nil {
-		return nil, fmt.Errorf("delta: %w", err)
+		return nil, fmt.Errorf("pack stream: %w", err)
 	}
 	defer in.close()
 	lw, err := newLayerWriter(w, opts.Compression, opts.Level)
@@ -94,7 +102,7 @@ func PackDelta(ctx context.Context, base *Manifest, full io.Reader, w io.Writer,
 	}
 	m, err := lw.close(err, p.entries)
 	if err != nil {
-		return nil, fmt.Errorf("delta: %w", err)
+		return nil, fmt.Errorf("pack stream: %w", err)
 	}
 	m.Parent, m.ImageID, m.SandboxID, m.Base = opts.Parent, opts.ImageID, opts.SandboxID, base.Digest
 	if opts.Index {
@@ -142,4 +150,11 @@ func streamInfo(h *tar.Header) (fi FileInfo, dir string, err error) {
 		}
 	}
 	return FileInfo{}, "", unsupported(h.Name, "entry type %q cannot be in a layer", h.Typeflag)
+}
+
+// PackDelta is PackStream with opts.Base = base: the delta of the full
+// layer read from full against base (nil base: a full layer).
+func PackDelta(ctx context.Context, base *Manifest, full io.Reader, w io.Writer, opts PackOptions) (*Manifest, error) {
+	opts.Base = base
+	return PackStream(ctx, full, w, opts)
 }

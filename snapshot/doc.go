@@ -16,7 +16,10 @@
 // and stages everything in a fresh directory so a refused archive leaves
 // nothing where the caller looks.
 //
-// PackDelta and MergeLayers produce and fold a layer relative to a base
-// layer's file index. Stores for the compressed objects live in the store
-// subpackage. The package knows nothing about sandboxes.
+// PackStream re-encodes a layer that arrives as a stream (a sandbox CLI's
+// tar), in full or as a delta against a base layer's file index;
+// MergeLayers folds a delta onto its base. Save and Load move layers into
+// and out of a store (the store subpackage) with their manifests, so that
+// an interrupted save never leaves a layer a load would trust. The package
+// knows nothing about sandboxes.
 package snapshot

@@ -14,7 +14,8 @@ import (
 // Names are reported as stored; nothing is validated beyond the tar format.
 func Inspect(ctx context.Context, r io.Reader, fn func(*tar.Header) error) (*ApplyResult, error) {
 	hr := newHashingReader(r)
-	br := bufio.NewReaderSize(hr, 1<<20)
+	frames := &zstdFrames{}
+	br := bufio.NewReaderSize(io.TeeReader(hr, frames), 1<<20)
 	dec, comp, err := newDecompressor(br)
 	if err != nil {
 		return nil, err
@@ -54,5 +55,7 @@ func Inspect(ctx context.Context, r io.Reader, fn func(*tar.Header) error) (*App
 		TarDigest:   tarRead.digest(),
 		TarSize:     tarRead.n.Load(),
 		Entries:     entries,
+
+		StreamChecksum: streamChecksum(comp, frames),
 	}, nil
 }

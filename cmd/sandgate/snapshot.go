@@ -2,6 +2,7 @@ package main
 
 import (
 	"archive/tar"
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -50,11 +51,16 @@ manifest (without its file index).`,
 			Name:      "unpack",
 			Usage:     "apply a layer to a directory",
 			ArgsUsage: "FILE|URL",
-			Description: `Verifies the layer against its stored digest and, when present, its
-manifest, then applies it to --into: a fresh directory is renamed into place,
-an existing one is merged into. A refused layer changes nothing.`,
+			Description: `Applies the layer to --into once the whole of it verified: a fresh
+directory is renamed into place, an existing one is merged into. A refused
+layer changes nothing. A FILE (a path or file:///path: any layer, such as
+'sandgate sandbox tar' output) is checked against --digest and the manifest
+beside it (FILE.manifest.json) when there is one; a gs:// object also
+against the digest its store recorded. It says what was verified, and when
+no digest was.`,
 			Flags: []cli.Flag{
 				&cli.StringFlag{Name: "into", Usage: "apply the layer to `DIR` (required)"},
+				&cli.StringFlag{Name: "digest", Usage: "the `sha256:HEX` the layer file must hash to"},
 				&cli.StringFlag{Name: "mode", Value: "tree", Usage: "apply in `MODE` upper (keep overlay whiteouts) or tree (whiteouts delete what they name)"},
 				&cli.BoolFlag{Name: "trusted", Usage: "allow setuid/setgid bits and file capabilities"},
 				&cli.Int64Flag{Name: "max-bytes", Usage: "refuse a layer of more than `BYTES` uncompressed (0 = 64 GiB)"},
@@ -62,62 +68,46 @@ an existing one is merged into. A refused layer changes nothing.`,
 			OnUsageError: usageError,
 			Action:       runSnapshotUnpack,
 		}, {
-			Name:         "inspect",
-			Usage:        "print a layer's manifest and entries",
-			ArgsUsage:    "FILE|URL",
-			Flags:        []cli.Flag{&cli.BoolFlag{Name: "entries", Value: true, Usage: "list entries (--entries=false for the manifest only)"}},
+			Name:      "inspect",
+			Usage:     "print a layer's manifest and entries",
+			ArgsUsage: "FILE|URL",
+			Description: `Reads the whole layer and verifies it as unpack does before printing
+anything: the manifest (if any), the entries, the measured digests, and
+what was verified.`,
+			Flags: []cli.Flag{
+				&cli.BoolFlag{Name: "entries", Value: true, Usage: "list entries (--entries=false for the manifest only)"},
+				&cli.StringFlag{Name: "digest", Usage: "the `sha256:HEX` the layer file must hash to"},
+			},
 			OnUsageError: usageError,
 			Action:       runSnapshotInspect,
 		}},
 	}
 }
 
-// openLocation splits a layer location into a store and an object name:
-// gs://bucket/a/b.tar.zst is object a/b.tar.zst in the bucket; a path or
-// file:///dir/b.tar.zst is object b.tar.zst in the directory store dir.
+// openLocation opens the store holding the layer object at loc (see
+// store.OpenObject); a location it cannot read is the caller's mistake.
 func openLocation(ctx context.Context, loc string) (store.Store, string, error) {
-	if rest, ok := strings.CutPrefix(loc, "gs://"); ok {
-		bucket, name, _ := strings.Cut(rest, "/")
-		if bucket == "" || store.CheckName(name) != nil {
-			return nil, "", badInput("%q: want gs://bucket/object", loc)
-		}
-		s, err := store.OpenGCS(ctx, bucket, "")
-		return s, name, err
+	s, name, err := store.OpenObject(ctx, loc)
+	if errors.Is(err, store.ErrBadLocation) || errors.Is(err, store.ErrBadName) {
+		return nil, "", badInput("%v", err)
 	}
-	p := loc
-	if rest, ok := strings.CutPrefix(loc, "file://"); ok {
-		p = rest
-		if !strings.HasPrefix(p, "/") {
-			return nil, "", badInput("%q: want file:///absolute/path", loc)
-		}
-	} else if strings.Contains(loc, "://") {
-		return nil, "", badInput("%q: want a path, file:///path or gs://bucket/object", loc)
-	}
-	name := filepath.Base(p)
-	if p == "" || store.CheckName(name) != nil {
-		return nil, "", badInput("%q: the file name must not be empty or start with '.'", loc)
-	}
-	s, err := store.NewDir(filepath.Dir(p))
 	return s, name, err
 }
 
-// readManifestAt reads a manifest from a path or URL.
+// readManifestAt reads a manifest from a path or URL. A path is the
+// user's own file, read as it is (see openLayerInput).
 func readManifestAt(ctx context.Context, loc string) (*snapshot.Manifest, error) {
+	if p, local, err := store.LocalPath(loc); err != nil {
+		return nil, badInput("%v", err)
+	} else if local {
+		return snapshot.ReadManifestFile(p)
+	}
 	s, name, err := openLocation(ctx, loc)
 	if err != nil {
 		return nil, err
 	}
 	defer s.Close()
-	return getManifest(ctx, s, name)
-}
-
-func getManifest(ctx context.Context, s store.Store, name string) (*snapshot.Manifest, error) {
-	rc, err := s.Get(ctx, name)
-	if err != nil {
-		return nil, err
-	}
-	defer rc.Close()
-	return snapshot.ReadManifest(rc)
+	return snapshot.ReadStoredManifest(ctx, s, name)
 }
 
 func runSnapshotPack(c *cli.Context) error {
@@ -157,45 +147,15 @@ func runSnapshotPack(c *cli.Context) error {
 
 	bar := newProgress(c.App.ErrWriter, "pack", func() int64 { return treeSize(dir) })
 	opts.Progress = bar.set
-	pr, pw := io.Pipe()
-	type packed struct {
-		m   *snapshot.Manifest
-		err error
-	}
-	done := make(chan packed, 1)
-	var digest string // set before the pipe closes, read by Put after EOF
-	go func() {
-		m, err := snapshot.Pack(ctx, dir, pw, opts)
-		if err == nil {
-			digest = m.Digest
-		}
-		pw.CloseWithError(err)
-		done <- packed{m, err}
-	}()
-	info, err := st.Put(ctx, name, pr, store.PutOptions{
-		IfNotExist: c.Bool("no-clobber"),
-		Digest:     func() string { return digest },
-	})
-	pr.CloseWithError(errors.New("store stopped reading"))
-	res := <-done
+	m, err := snapshot.Save(ctx, snapshot.DirSource(dir), st, name, snapshot.SaveOptions{PackOptions: opts, NoClobber: c.Bool("no-clobber")})
 	bar.finish()
-	switch {
-	case errors.Is(err, store.ErrPreconditionFailed):
+	if errors.Is(err, store.ErrPreconditionFailed) {
 		return badInput("--out %q already exists (--no-clobber)", c.String("out"))
-	case res.err != nil:
-		return res.err // the store saw it as its source failing
-	case err != nil:
+	}
+	if err != nil {
 		return err
 	}
-	if info.Digest != "" && info.Digest != res.m.Digest {
-		return fmt.Errorf("store recorded %s, pack wrote %s: %w", info.Digest, res.m.Digest, snapshot.ErrDigestMismatch)
-	}
-	pmr, pmw := io.Pipe()
-	go func() { _, err := res.m.WriteTo(pmw); pmw.CloseWithError(err) }()
-	if _, err := st.Put(ctx, snapshot.ManifestName(name), pmr, store.PutOptions{}); err != nil {
-		return fmt.Errorf("write manifest: %w", err)
-	}
-	summary := *res.m
+	summary := *m
 	summary.Files = nil
 	_, err = summary.WriteTo(c.App.Writer)
 	return err
@@ -220,37 +180,23 @@ func runSnapshotUnpack(c *cli.Context) error {
 		return badInput("--mode upper needs root (whiteouts are device nodes)")
 	}
 	ctx := c.Context
-	st, name, err := openLocation(ctx, args[0])
+	in, err := openLayerInput(ctx, args[0], c.String("digest"))
 	if err != nil {
 		return err
 	}
-	defer st.Close()
-	opts := snapshot.ApplyOptions{Mode: mode, Trusted: c.Bool("trusted"), MaxBytes: c.Int64("max-bytes")}
-	m, err := getManifest(ctx, st, snapshot.ManifestName(name))
-	switch {
-	case err == nil:
-		opts.Digest, opts.TarDigest = m.Digest, m.TarDigest
-	case !errors.Is(err, store.ErrNotFound):
-		return fmt.Errorf("manifest: %w", err)
-	}
-	info, err := st.Stat(ctx, name)
-	if err != nil {
-		return err
-	}
-	rc, err := st.Get(ctx, name)
-	if err != nil {
-		return err
-	}
-	defer rc.Close()
-	bar := newProgress(c.App.ErrWriter, "unpack", func() int64 { return info.Size })
+	defer in.Close()
+	opts := snapshot.ApplyOptions{Mode: mode, Trusted: c.Bool("trusted"), MaxBytes: c.Int64("max-bytes"),
+		Digest: in.digest, TarDigest: in.tarDigest}
+	bar := newProgress(c.App.ErrWriter, "unpack", func() int64 { return in.size })
 	opts.Progress = bar.set
-	res, err := snapshot.Unpack(ctx, rc, c.String("into"), opts)
+	res, err := snapshot.Unpack(ctx, in.r, c.String("into"), opts)
 	bar.finish()
 	if err != nil {
 		return err
 	}
 	fmt.Fprintf(c.App.Writer, "applied %d entries (%s, %d bytes, %s) to %s\n",
 		res.Entries, res.Compression, res.Size, res.Digest, c.String("into"))
+	in.report(c, res)
 	return nil
 }
 
@@ -263,37 +209,241 @@ func runSnapshotInspect(c *cli.Context) error {
 		return badInput("snapshot inspect takes one FILE|URL, got %d arguments", len(args))
 	}
 	ctx := c.Context
-	st, name, err := openLocation(ctx, args[0])
+	in, err := openLayerInput(ctx, args[0], c.String("digest"))
 	if err != nil {
 		return err
 	}
-	defer st.Close()
-	w := c.App.Writer
-	if m, err := getManifest(ctx, st, snapshot.ManifestName(name)); err == nil {
-		m.Files = nil
-		m.WriteTo(w)
-	} else if !errors.Is(err, store.ErrNotFound) {
-		return fmt.Errorf("manifest: %w", err)
-	}
-	rc, err := st.Get(ctx, name)
-	if err != nil {
-		return err
-	}
-	defer rc.Close()
+	defer in.Close()
+	// Entries are listed only once the layer has verified: spooled until then.
 	var list func(*tar.Header) error
+	var spool *os.File
+	var sw *bufio.Writer
 	if c.Bool("entries") {
+		if spool, err = os.CreateTemp("", "sandgate-inspect-*"); err != nil {
+			return err
+		}
+		os.Remove(spool.Name())
+		defer spool.Close()
+		sw = bufio.NewWriter(spool)
 		list = func(h *tar.Header) error {
-			_, err := fmt.Fprintln(w, describeEntry(h))
+			_, err := fmt.Fprintln(sw, describeEntry(h))
 			return err
 		}
 	}
-	res, err := snapshot.Inspect(ctx, rc, list)
+	res, err := snapshot.Inspect(ctx, in.r, list)
+	if err == nil {
+		err = in.check(res)
+	}
 	if err != nil {
 		return err
 	}
+	w := c.App.Writer
+	if in.manifest != nil {
+		m := *in.manifest
+		m.Files = nil
+		m.WriteTo(w)
+	}
+	if spool != nil {
+		if err := sw.Flush(); err != nil {
+			return err
+		}
+		if _, err := spool.Seek(0, io.SeekStart); err != nil {
+			return err
+		}
+		if _, err := io.Copy(w, spool); err != nil {
+			return err
+		}
+	}
 	fmt.Fprintf(w, "measured: compression=%s size=%d digest=%s tarSize=%d tarDigest=%s entries=%d\n",
 		res.Compression, res.Size, res.Digest, res.TarSize, res.TarDigest, res.Entries)
+	in.report(c, res)
 	return nil
+}
+
+// layerInput is a layer named on the command line, open for reading, with
+// what it can be checked against.
+type layerInput struct {
+	r    io.ReadCloser
+	size int64 // bytes, for the progress bar
+	// manifest is the layer's manifest when it has one: beside a local
+	// file, or beside the object in a store.
+	manifest *snapshot.Manifest
+	// digest and tarDigest are what the layer must hash to ("" unknown),
+	// and checkedBy says whose they are.
+	digest, tarDigest string
+	checkedBy         string
+	// storeDigest: the store verifies a digest it recorded with the object.
+	storeDigest bool
+	name        string
+}
+
+func (in *layerInput) Close() error { return in.r.Close() }
+
+// openLayerInput opens the layer at loc. A path or file:// location is
+// the user's own file (the output of 'sandgate sandbox tar', a copy made
+// with cp): it is read as it is, checked against --digest and against a
+// manifest beside it when there is one, never refused for lacking the
+// digest attribute a sandgate store records. A gs:// location is an object
+// in a store, read through it (the store verifies what it recorded) and,
+// when it has a manifest, through snapshot.Load.
+func openLayerInput(ctx context.Context, loc, digestFlag string) (*layerInput, error) {
+	want := ""
+	if digestFlag != "" {
+		d, err := snapshot.ParseDigest(digestFlag)
+		if err != nil {
+			return nil, badInput("--digest: %v", err)
+		}
+		want = d
+	}
+	in := &layerInput{name: loc}
+	// agree records a digest the layer must have, refusing up front two
+	// sources that disagree.
+	agree := func(d, tarDigest, by string) error {
+		if d == "" {
+			return nil
+		}
+		if in.digest != "" && in.digest != d {
+			return fmt.Errorf("%s: %s records %s, %s says %s: %w", loc, by, d, in.checkedBy, in.digest, snapshot.ErrDigestMismatch)
+		}
+		if in.digest == "" {
+			in.checkedBy = by
+		} else {
+			in.checkedBy += " and " + by
+		}
+		in.digest = d
+		if tarDigest != "" {
+			in.tarDigest = tarDigest
+		}
+		return nil
+	}
+	if err := agree(want, "", "--digest"); err != nil {
+		return nil, err
+	}
+	path, local, err := store.LocalPath(loc)
+	if err != nil {
+		return nil, badInput("%v", err)
+	}
+	if local {
+		f, err := os.Open(path)
+		if err != nil {
+			return nil, err
+		}
+		fi, err := f.Stat()
+		if err != nil || !fi.Mode().IsRegular() {
+			f.Close()
+			return nil, badInput("%q is not a regular file", loc)
+		}
+		in.r, in.size = f, fi.Size()
+		m, err := snapshot.ReadManifestFile(snapshot.ManifestName(path))
+		switch {
+		case err == nil:
+			in.manifest = m
+			if err := agree(m.Digest, m.TarDigest, "the manifest beside it"); err != nil {
+				f.Close()
+				return nil, err
+			}
+		case !errors.Is(err, fs.ErrNotExist):
+			f.Close()
+			return nil, fmt.Errorf("the manifest beside %s: %w (remove it, or pass --digest)", loc, err)
+		}
+		return in, nil
+	}
+	st, name, err := openLocation(ctx, loc)
+	if err != nil {
+		return nil, err
+	}
+	closeStore := st.Close
+	defer func() {
+		if closeStore != nil {
+			closeStore()
+		}
+	}()
+	l, err := snapshot.Load(ctx, st, name)
+	switch {
+	case err == nil:
+		in.manifest, in.storeDigest = l.Manifest, true
+		in.r, in.size = closers{l, st}, l.Manifest.Size
+		closeStore = nil
+		if err := agree(l.Manifest.Digest, l.Manifest.TarDigest, "its manifest"); err != nil {
+			in.Close()
+			return nil, err
+		}
+		return in, nil
+	case !errors.Is(err, store.ErrNotFound):
+		return nil, err
+	}
+	// No manifest: what the store recorded, and --digest, are all there is.
+	info, err := st.Stat(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	if info.Digest != "" {
+		if err := agree(info.Digest, "", "the store"); err != nil {
+			return nil, err
+		}
+		in.storeDigest = true
+	}
+	rc, err := st.Get(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	in.r, in.size = closers{rc, st}, info.Size
+	closeStore = nil
+	return in, nil
+}
+
+// check compares what Inspect measured with the digests the layer must
+// have (Unpack does this itself).
+func (in *layerInput) check(res *snapshot.ApplyResult) error {
+	if in.digest != "" && res.Digest != in.digest {
+		return fmt.Errorf("%s: sha256 %s, %s says %s: %w", in.name, res.Digest, in.checkedBy, in.digest, snapshot.ErrDigestMismatch)
+	}
+	if in.tarDigest != "" && res.TarDigest != in.tarDigest {
+		return fmt.Errorf("%s: tar sha256 %s, %s says %s: %w", in.name, res.TarDigest, in.checkedBy, in.tarDigest, snapshot.ErrDigestMismatch)
+	}
+	return nil
+}
+
+// report says what was verified: on stdout, and on stderr when no digest
+// at all was checked.
+func (in *layerInput) report(c *cli.Context, res *snapshot.ApplyResult) {
+	var checks []string
+	switch {
+	case in.digest != "" && in.tarDigest != "":
+		checks = append(checks, "sha256 and tar sha256 against "+in.checkedBy)
+	case in.digest != "":
+		checks = append(checks, "sha256 against "+in.checkedBy)
+	}
+	switch res.StreamChecksum {
+	case "crc32":
+		checks = append(checks, "gzip CRC-32")
+	case "xxhash64":
+		checks = append(checks, "zstd frame checksums")
+	}
+	if len(checks) > 0 {
+		fmt.Fprintf(c.App.Writer, "verified: %s\n", strings.Join(checks, "; "))
+	}
+	if in.digest == "" {
+		why := "it has no manifest beside it and no --digest was given"
+		if res.StreamChecksum == "" {
+			why += ", and its " + string(res.Compression) + " stream carries no checksum of its own"
+		}
+		fmt.Fprintf(c.App.ErrWriter, "sandgate: no digest was checked: %s; pass --digest sha256:<hex> to check one\n", why)
+	}
+}
+
+// closers closes a reader and then the store it came from.
+type closers struct {
+	io.ReadCloser
+	st store.Store
+}
+
+func (c closers) Close() error {
+	err := c.ReadCloser.Close()
+	if serr := c.st.Close(); err == nil {
+		err = serr
+	}
+	return err
 }
 
 // describeEntry is one `ls -l`-like line for a tar entry.

@@ -14,7 +14,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/url"
 	"strings"
 	"time"
 )
@@ -73,6 +72,9 @@ var (
 	ErrDigestMismatch = errors.New("object digest mismatch")
 	// ErrBadName reports a name the stores refuse.
 	ErrBadName = errors.New("bad object name")
+	// ErrBadLocation reports a store or object location that is not a
+	// path, file:///path or gs://bucket/path.
+	ErrBadLocation = errors.New("bad store location")
 )
 
 // CheckName validates an object name (see Store).
@@ -90,30 +92,3 @@ func CheckName(name string) error {
 	}
 	return nil
 }
-
-// Open opens the store named by a URL: file:///var/lib/sandgate/store (a
-// directory, created if missing) or gs://bucket/prefix (Cloud Storage with
-// the default credentials).
-func Open(ctx context.Context, rawURL string) (Store, error) {
-	u, err := url.Parse(rawURL)
-	if err != nil {
-		return nil, fmt.Errorf("store URL %q: %w", rawURL, err)
-	}
-	switch u.Scheme {
-	case "file":
-		if u.Host != "" && u.Host != "localhost" {
-			return nil, fmt.Errorf("store URL %q: file URLs take no host; write file:///path", rawURL)
-		}
-		return NewDir(u.Path)
-	case "gs":
-		if u.Host == "" {
-			return nil, fmt.Errorf("store URL %q: want gs://bucket[/prefix]", rawURL)
-		}
-		return OpenGCS(ctx, u.Host, strings.Trim(u.Path, "/"))
-	}
-	return nil, fmt.Errorf("store URL %q: scheme must be file or gs", rawURL)
-}
-
-// BucketURL is the store URL for the SNAPSHOT_BUCKET setting, which names a
-// bucket.
-func BucketURL(bucket string) string { return "gs://" + bucket }

@@ -304,19 +304,44 @@ func TestDirCrashLeftovers(t *testing.T) {
 	}
 }
 
-func TestOpen(t *testing.T) {
+func TestOpenLocations(t *testing.T) {
+	ctx := context.Background()
 	dir := t.TempDir()
-	s, err := store.Open(context.Background(), "file://"+dir+"/st")
-	if err != nil {
-		t.Fatal(err)
+	for _, loc := range []string{"file://" + dir + "/st", "file://localhost" + dir + "/st2", dir + "/st3"} {
+		s, err := store.Open(ctx, loc)
+		if err != nil {
+			t.Fatalf("Open(%q): %v", loc, err)
+		}
+		s.Close()
+		if _, ok := s.(*store.Dir); !ok {
+			t.Fatalf("Open(%q) opened %T", loc, s)
+		}
+	}
+	for _, bad := range []string{"http://x/y", "gs:///nobucket", "file://host/path", "::", "relative/dir", ""} {
+		if _, err := store.Open(ctx, bad); !errors.Is(err, store.ErrBadLocation) {
+			t.Errorf("Open(%q): %v, want ErrBadLocation", bad, err)
+		}
+	}
+	t.Chdir(dir)
+	for loc, want := range map[string]string{"layer.tar.zst": "layer.tar.zst", "sub/l.tar.zst": "l.tar.zst", "file://" + dir + "/o/l.tar.gz": "l.tar.gz"} {
+		s, name, err := store.OpenObject(ctx, loc)
+		if err != nil || name != want {
+			t.Fatalf("OpenObject(%q) = %q, %v; want %q", loc, name, err, want)
+		}
+		s.Close()
+	}
+	for _, bad := range []string{"", "/", "dir/.hidden", "gs://b", "gs://b/", "gs://b/a/../c", "ftp://h/x"} {
+		if _, _, err := store.OpenObject(ctx, bad); !errors.Is(err, store.ErrBadLocation) && !errors.Is(err, store.ErrBadName) {
+			t.Errorf("OpenObject(%q): %v, want a bad location or name", bad, err)
+		}
+	}
+	t.Setenv("STORAGE_EMULATOR_HOST", "127.0.0.1:1") // no credentials needed; nothing is dialed
+	s, name, err := store.OpenObject(ctx, "gs://bucket/snapshots/a.tar.zst")
+	if err != nil || name != "snapshots/a.tar.zst" {
+		t.Fatalf("OpenObject(gs) = %q, %v", name, err)
 	}
 	s.Close()
-	if _, ok := s.(*store.Dir); !ok {
-		t.Fatalf("file URL opened %T", s)
-	}
-	for _, bad := range []string{"http://x/y", "gs:///nobucket", "file://host/path", "::"} {
-		if _, err := store.Open(context.Background(), bad); err == nil {
-			t.Errorf("Open(%q) succeeded", bad)
-		}
+	if _, ok := s.(*store.GCS); !ok {
+		t.Fatalf("gs location opened %T", s)
 	}
 }
