@@ -7,6 +7,7 @@ package appliance
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -120,18 +121,21 @@ func fileExists(p string) bool {
 	return err == nil && fi.Mode().IsRegular()
 }
 
-// CreateOptions are what a new sandbox starts from.
-type CreateOptions struct {
+// LaunchOptions are what the sandbox CLI starts a new sandbox from.
+type LaunchOptions struct {
 	// ImportTar is a layer tar (compressed or not) to start the writable
 	// layer from: a snapshot being resumed, or a template.
 	ImportTar string
+	// Template is a template of `sandgate sandbox` (ImportTemplate)
+	// mounted beneath the sandbox's own layer. Google's CLI has none.
+	Template string
 }
 
 // Create starts sandbox id, detached, with a writable root and the agent
 // binary mounted at AgentPath. Its main process is `sandgate agent --idle`,
 // which holds the sandbox open and reaps orphans; the service's agent is
 // started with Agent.
-func (l *Launcher) Create(ctx context.Context, id string, opts CreateOptions) error {
+func (l *Launcher) Create(ctx context.Context, id string, opts LaunchOptions) error {
 	if err := localbox.CheckID(id); err != nil {
 		return err
 	}
@@ -139,6 +143,12 @@ func (l *Launcher) Create(ctx context.Context, id string, opts CreateOptions) er
 		"--mount", "type=bind,source=" + l.agent + ",destination=" + AgentPath + ",readonly"}
 	if opts.ImportTar != "" {
 		args = append(args, "--import-tar="+opts.ImportTar)
+	}
+	if opts.Template != "" {
+		if l.google {
+			return fmt.Errorf("%w: Google's sandbox CLI has no templates: import the template's layer (ImportTar)", localbox.ErrBadInput)
+		}
+		args = append(args, "--template", opts.Template)
 	}
 	if !l.google {
 		if l.cfg.Memory != "" {
@@ -166,6 +176,78 @@ func (l *Launcher) Fork(ctx context.Context, src, dst string) error {
 		return err
 	}
 	return l.do(ctx, "fork", src, dst, "--detach")
+}
+
+// Templates reports whether the CLI keeps templates (`sandgate sandbox`
+// does; Google's imports one tar per sandbox instead).
+func (l *Launcher) Templates() bool { return !l.google }
+
+// ImportTemplate makes layer file (a layer tar, any compression) template
+// name of `sandgate sandbox`.
+func (l *Launcher) ImportTemplate(ctx context.Context, name, file string) error {
+	if l.google {
+		return fmt.Errorf("%w: Google's sandbox CLI has no templates", localbox.ErrBadInput)
+	}
+	return l.do(ctx, "template", "import", name, "--file="+file)
+}
+
+// RemoveTemplate removes template name of `sandgate sandbox`.
+func (l *Launcher) RemoveTemplate(ctx context.Context, name string) error {
+	if l.google {
+		return nil
+	}
+	return l.do(ctx, "template", "rm", name)
+}
+
+// ListTemplates lists the templates of `sandgate sandbox` (none for
+// Google's CLI).
+func (l *Launcher) ListTemplates(ctx context.Context) ([]string, error) {
+	if l.google {
+		return nil, nil
+	}
+	out, err := l.output(ctx, "template", "ls")
+	if err != nil {
+		return nil, err
+	}
+	return strings.Fields(string(out)), nil
+}
+
+// List lists the sandboxes the CLI knows, with their state, for a service
+// that restarts to find what it left (`sandgate sandbox list --json`).
+// Google's CLI keeps no sandbox beyond its instance: nil there.
+func (l *Launcher) List(ctx context.Context) ([]localbox.Info, error) {
+	if l.google {
+		return nil, nil
+	}
+	out, err := l.output(ctx, "list", "--json")
+	if err != nil {
+		return nil, err
+	}
+	var infos []localbox.Info
+	if err := json.Unmarshal(out, &infos); err != nil {
+		return nil, fmt.Errorf("sandbox list --json: %w", err)
+	}
+	return infos, nil
+}
+
+// output runs one CLI verb and returns its standard output (bounded);
+// a failure is a *CLIError as do's.
+func (l *Launcher) output(ctx context.Context, args ...string) ([]byte, error) {
+	cmd := l.command(ctx, args...)
+	var out bytes.Buffer
+	var errOut limitedBuffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	if err := cmd.Run(); err != nil {
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("sandbox %s: %w", args[0], context.Cause(ctx))
+		}
+		msg := strings.TrimSpace(errOut.String())
+		if msg == "" {
+			msg = err.Error()
+		}
+		return nil, &CLIError{Verb: args[0], Args: args[1:], Output: msg, Err: err}
+	}
+	return out.Bytes(), nil
 }
 
 // Delete stops every process of sandbox id and removes it.

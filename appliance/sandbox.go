@@ -7,8 +7,10 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sandgate/sandgate/appliance/agent"
@@ -32,6 +34,10 @@ type Options struct {
 	// ImportTar starts the writable layer from a layer tar (a snapshot
 	// or a template).
 	ImportTar string
+	// Template names a template of `sandgate sandbox` (see
+	// Launcher.ImportTemplate) mounted beneath the sandbox's own layer;
+	// Google's CLI has none (import the template's layer instead).
+	Template string
 	// Agent configures the agent (relay address, PATH, HOME, base-URL
 	// variables); the zero value means its defaults.
 	Agent agent.Config
@@ -58,6 +64,13 @@ type Sandbox struct {
 	ready    chan struct{} // closed when cur is set; replaced when it drops
 	restarts int
 	wg       sync.WaitGroup
+
+	// Activity, for idle suspend (see Idle).
+	active atomic.Int64 // unix nanoseconds of the last call
+	busy   atomic.Int32 // calls in progress (Use)
+	ports  atomic.Int32 // port connections open (DialPort)
+
+	baseURLs atomic.Pointer[map[string]string]
 }
 
 // maxAgentStarts bounds how often the agent is restarted in a row without
@@ -74,16 +87,30 @@ const (
 // opts.Transforms) and starts its agent. On failure nothing of the sandbox
 // is left behind.
 func Create(ctx context.Context, l *Launcher, proxy *relay.Proxy, id string, opts Options) (*Sandbox, error) {
+	return start(ctx, l, proxy, id, opts, func() error {
+		return l.Create(ctx, id, LaunchOptions{ImportTar: opts.ImportTar, Template: opts.Template})
+	})
+}
+
+// Attach is Create for a sandbox the launcher has already started (a
+// fork): it wires it into the proxy and starts its agent. On failure the
+// sandbox is removed.
+func Attach(ctx context.Context, l *Launcher, proxy *relay.Proxy, id string, opts Options) (*Sandbox, error) {
+	return start(ctx, l, proxy, id, opts, func() error { return nil })
+}
+
+func start(ctx context.Context, l *Launcher, proxy *relay.Proxy, id string, opts Options, launch func() error) (*Sandbox, error) {
 	if err := localbox.CheckID(id); err != nil { // the id rule both CLIs share
 		return nil, err
 	}
 	s := &Sandbox{id: id, l: l, proxy: proxy, opts: opts, log: l.log.With("sandbox", id), ready: make(chan struct{})}
+	s.touch()
 	s.relay = relay.NewTenant(id, opts.Policy, opts.Transforms)
 	if opts.Modules != nil {
 		s.relay.SetModules(opts.Modules)
 	}
 	s.ctx, s.cancel = context.WithCancelCause(context.Background())
-	if err := l.Create(ctx, id, CreateOptions{ImportTar: opts.ImportTar}); err != nil {
+	if err := launch(); err != nil {
 		s.cancel(err)
 		return nil, err
 	}
@@ -196,9 +223,66 @@ func (s *Sandbox) supervise() {
 	}
 }
 
+// setNetwork replaces the sandbox's egress policy (every new connection
+// is judged by it at once) and the base URLs its commands are given.
+func (s *Sandbox) setNetwork(n Network) {
+	s.relay.SetPolicy(n.Policy)
+	urls := maps.Clone(n.BaseURLs)
+	s.baseURLs.Store(&urls)
+}
+
+// BaseURLs returns the base URLs the sandbox's commands are given
+// (variable name → upstream URL).
+func (s *Sandbox) BaseURLs() map[string]string {
+	if p := s.baseURLs.Load(); p != nil {
+		return maps.Clone(*p)
+	}
+	return nil
+}
+
+// touch records a call now.
+func (s *Sandbox) touch() { s.active.Store(time.Now().UnixNano()) }
+
+// Use marks a call in progress (an HTTP request, a streamed command) until
+// done is called: a sandbox is never idle while one is.
+func (s *Sandbox) Use() (done func()) {
+	s.busy.Add(1)
+	s.touch()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			s.touch()
+			s.busy.Add(-1)
+		})
+	}
+}
+
+// Idle reports how long the sandbox has been idle: no call, no call in
+// progress (Use), no port connection open and no egress; zero when it is
+// not idle now.
+func (s *Sandbox) Idle(now time.Time) time.Duration {
+	if s.busy.Load() > 0 || s.ports.Load() > 0 {
+		return 0
+	}
+	last := time.Unix(0, s.active.Load())
+	open, egress := s.relay.Egress()
+	if open > 0 {
+		return 0
+	}
+	if egress.After(last) {
+		last = egress
+	}
+	return max(now.Sub(last), 0)
+}
+
+// Context ends when the sandbox is destroyed, or when its agent could not
+// be restarted (context.Cause says why).
+func (s *Sandbox) Context() context.Context { return s.ctx }
+
 // client returns the live agent link, waiting under ctx for a restart in
-// progress.
+// progress. It counts as a call (see Idle).
 func (s *Sandbox) client(ctx context.Context) (*agent.Client, error) {
+	s.touch()
 	for {
 		s.mu.Lock()
 		c, ready := s.cur, s.ready
@@ -319,13 +403,34 @@ func (s *Sandbox) TarOut(ctx context.Context, dir string, w io.Writer) error {
 	return c.TarOut(ctx, dir, w)
 }
 
-// DialPort connects to 127.0.0.1:port inside the sandbox.
+// DialPort connects to 127.0.0.1:port inside the sandbox. The sandbox is
+// not idle while the connection is open.
 func (s *Sandbox) DialPort(ctx context.Context, port int) (net.Conn, error) {
 	c, err := s.client(ctx)
 	if err != nil {
 		return nil, err
 	}
-	return c.DialPort(ctx, port)
+	conn, err := c.DialPort(ctx, port)
+	if err != nil {
+		return nil, err
+	}
+	s.ports.Add(1)
+	return &portConn{Conn: conn, s: s}, nil
+}
+
+// portConn counts an open port connection until it is closed.
+type portConn struct {
+	net.Conn
+	s    *Sandbox
+	once sync.Once
+}
+
+func (c *portConn) Close() error {
+	c.once.Do(func() {
+		c.s.touch()
+		c.s.ports.Add(-1)
+	})
+	return c.Conn.Close()
 }
 
 // ExportLayer writes the sandbox's writable layer to file as a layer tar

@@ -15,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -40,17 +41,9 @@ func TestMain(m *testing.M) {
 // server, a CA and an HTTPS upstream on 127.x.y.z:443 that records what it
 // was sent, and `sandgate sandbox` as the sandbox CLI.
 type env struct {
-	t        *testing.T
-	sb       *Sandbox
-	l        *Launcher
-	rings    *audit.Rings
-	ca       *tlstest.CA
-	upstream netip.Addr
-	state    string
-	canary   string
-
-	mu   sync.Mutex
-	seen []string // what the upstream received: method path and credential headers
+	t  *testing.T
+	sb *Sandbox
+	*egress
 }
 
 // skipUnlessSandboxes skips where real sandboxes cannot run.
@@ -64,10 +57,28 @@ func skipUnlessSandboxes(t *testing.T) {
 	}
 }
 
-func newEnv(t *testing.T) *env {
+// egress is what a sandbox needs around it: a loopback DNS server, a CA
+// and an HTTPS upstream for api.example.com on 127.x.y.z:443 that records
+// what it was sent, the egress proxy, and `sandgate sandbox` as the
+// launcher's CLI over a state directory of the test's own.
+type egress struct {
+	proxy    *relay.Proxy
+	l        *Launcher
+	rings    *audit.Rings
+	ca       *tlstest.CA
+	upstream netip.Addr
+	state    string
+	canary   string
+	pol      netpolicy.Policy
+
+	mu   sync.Mutex
+	seen []string // what the upstream received: method path and credential headers
+}
+
+func newEgress(t *testing.T) *egress {
 	t.Helper()
 	skipUnlessSandboxes(t)
-	e := &env{t: t, state: t.TempDir()}
+	e := &egress{state: t.TempDir()}
 	var b [12]byte
 	rand.Read(b[:])
 	// Made at run time, so no file the sandbox can read holds it.
@@ -91,27 +102,47 @@ func newEnv(t *testing.T) *env {
 	t.Cleanup(func() { res.Close() })
 	decider := &netpolicy.Decider{Resolver: res, DialTimeout: 5 * time.Second, AllowPrivate: []netip.Prefix{netip.PrefixFrom(e.upstream, 32)}}
 	e.rings = audit.NewRings(100)
-	proxy, err := relay.New(relay.Config{Decider: decider, Audit: e.rings, UpstreamRoots: e.ca.Pool})
+	e.proxy, err = relay.New(relay.Config{Decider: decider, Audit: e.rings, UpstreamRoots: e.ca.Pool})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { proxy.Close() })
+	t.Cleanup(func() { e.proxy.Close() })
 
 	bin := gobuild.Sandgate(t)
 	e.l, err = NewLauncher(LauncherConfig{CLI: bin, StateDir: e.state, AgentBinary: bin})
 	if err != nil {
 		t.Fatal(err)
 	}
-	pol, err := netpolicy.ParsePolicy([]byte(`{"mode":"custom","allowedHosts":["api.example.com"]}`))
-	if err != nil {
+	if e.pol, err = netpolicy.ParsePolicy([]byte(`{"mode":"custom","allowedHosts":["api.example.com"]}`)); err != nil {
 		t.Fatal(err)
 	}
+	return e
+}
+
+// rules are the credential rules: X-Api-Key swapped for the canary.
+func (e *egress) rules(t *testing.T) *transforms.RuleSet {
+	t.Helper()
 	rules, err := transforms.ParseRules([]byte(`[{"match":{"host":"api.example.com"},"transform":{"headers":{"X-Api-Key":{"env":"TEST_KEY","placeholder":"sandgate-placeholder-key"}}}}]`),
 		func(string) (string, bool) { return e.canary, true })
 	if err != nil {
 		t.Fatal(err)
 	}
-	rs := transforms.NewRuleSet(rules...)
+	return transforms.NewRuleSet(rules...)
+}
+
+// seenByUpstream is what the upstream received so far.
+func (e *egress) seenByUpstream() []string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return slices.Clone(e.seen)
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	g := newEgress(t)
+	e := &env{t: t, egress: g}
+	proxy, pol, rs := g.proxy, g.pol, g.rules(t)
+	var err error
 	id := "t-" + strings.ToLower(strings.NewReplacer("/", "-", "_", "-").Replace(t.Name()))
 	if len(id) > 40 {
 		id = id[:40]

@@ -1,0 +1,738 @@
+package appliance
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sandgate/sandgate/appliance/agent"
+	"github.com/sandgate/sandgate/appliance/localbox"
+	"github.com/sandgate/sandgate/netpolicy"
+	"github.com/sandgate/sandgate/relay"
+	"github.com/sandgate/sandgate/snapshot/store"
+	"github.com/sandgate/sandgate/transforms"
+	"github.com/sandgate/sandgate/transforms/wasm"
+)
+
+// Errors of the lifecycle, besides the launcher's (ErrExists, ErrNotFound,
+// ...), to branch on with errors.Is.
+var (
+	// ErrNoTemplate: no template of that name in this service's namespace.
+	// It matches ErrNotFound too.
+	ErrNoTemplate = fmt.Errorf("%w: no such template", ErrNotFound)
+	// ErrCapacity: the service runs as many sandboxes as it may
+	// (ManagerConfig.MaxRunning); suspend or destroy one first.
+	ErrCapacity = errors.New("no capacity for another running sandbox")
+	// ErrClosed: the manager is shutting down (Close was called).
+	ErrClosed = errors.New("the sandbox service is shutting down")
+	// ErrStore: the snapshot store failed; nothing was changed.
+	ErrStore = errors.New("snapshot store failed")
+)
+
+// State is where a sandbox is in its life.
+type State string
+
+// States of a sandbox.
+const (
+	Starting   State = "starting"   // being created, resumed or forked
+	Running    State = "running"    // its agent answers
+	Suspending State = "suspending" // its layer is being saved
+	Suspended  State = "suspended"  // its layer is in the store; nothing runs
+)
+
+// ManagerConfig is what a Manager is built from. Launcher, Proxy and Store
+// are required.
+type ManagerConfig struct {
+	Launcher *Launcher
+	Proxy    *relay.Proxy
+	// Store holds snapshots and templates (snapshots/, templates/).
+	Store store.Store
+	// ImageID and Version name the template namespace: a digest of both,
+	// so a template made on another image, or by another sandgate, is
+	// never used. ImageID "" means "local".
+	ImageID, Version string
+	// WorkDir holds layers on their way between the sandbox CLI and the
+	// store; "" means a directory under os.TempDir.
+	WorkDir string
+	// MaxRunning caps the sandboxes running (or starting) at once; 0 means
+	// DefaultMaxRunning.
+	MaxRunning int
+	// IdleSuspend suspends a sandbox that had no call, no port connection
+	// and no egress for this long; 0 means DefaultIdleSuspend, negative
+	// means never.
+	IdleSuspend time.Duration
+	// Agent is the agent configuration every sandbox starts with, unless
+	// its options give one.
+	Agent agent.Config
+	// Logger receives one event per operation; nil discards.
+	Logger *slog.Logger
+	// Metrics, when set, registers the lifecycle's metrics.
+	Metrics prometheus.Registerer
+}
+
+// Defaults of ManagerConfig.
+const (
+	DefaultIdleSuspend = 15 * time.Minute
+	// DefaultMemoryLimit and DefaultPidsLimit are what LauncherConfig's
+	// Memory and Pids default to for a service (NewManager applies them
+	// when the launcher has none).
+	DefaultMemoryLimit = "2g"
+	DefaultPidsLimit   = 4096
+)
+
+// DefaultMaxRunning is how many sandboxes fit this host: its memory over
+// the per-sandbox memory limit, at least one.
+func DefaultMaxRunning(memoryLimit int64) int {
+	total := memTotal()
+	if total <= 0 || memoryLimit <= 0 {
+		return 16
+	}
+	return max(1, int(total*9/10/memoryLimit))
+}
+
+// Network is where a sandbox may go: its egress policy and the base URLs
+// its commands are given (variable name → upstream URL).
+type Network struct {
+	Policy   netpolicy.Policy
+	BaseURLs map[string]string
+}
+
+// CreateOptions are what Create starts a sandbox with.
+type CreateOptions struct {
+	Network
+	// Transforms are its transformation rules (credentials: in memory
+	// only, never saved); nil means none.
+	Transforms *transforms.RuleSet
+	// Modules are its own WebAssembly transform modules; nil means none.
+	Modules *wasm.Chain
+	// Template names a template (SaveTemplate) to start from; "" means
+	// the image alone.
+	Template string
+	// Agent overrides ManagerConfig.Agent when not zero.
+	Agent *agent.Config
+	// Dirs are directories made (with parents) before Create returns,
+	// such as the sandbox's home and working directory.
+	Dirs []string
+}
+
+// ResumeOptions are what Resume gives a sandbox: a running one gets its
+// network replaced (processes and transformations kept); a suspended one
+// starts with it and with the transformations given (they were forgotten
+// at suspend).
+type ResumeOptions struct {
+	Network
+	Transforms *transforms.RuleSet
+	Modules    *wasm.Chain
+	Agent      *agent.Config
+	Dirs       []string
+}
+
+// Info describes a sandbox.
+type Info struct {
+	ID    string `json:"id"`
+	State State  `json:"state"`
+	// Created is when the sandbox was first created (kept across
+	// suspensions); LastActive when it last had a call, a port
+	// connection or egress (running sandboxes only).
+	Created    time.Time `json:"created"`
+	LastActive time.Time `json:"lastActive,omitzero"`
+	// LayerBytes is what its writable layer takes: its upper on disk
+	// while it runs (where the CLI tells: `sandgate sandbox`), its
+	// compressed snapshot while suspended.
+	LayerBytes int64 `json:"layerBytes"`
+	// Template is the template it was made from, if any.
+	Template string `json:"template,omitempty"`
+	// Policy is its egress policy (running sandboxes; a suspended one
+	// keeps none).
+	Policy   *netpolicy.Policy `json:"policy,omitempty"`
+	BaseURLs map[string]string `json:"baseUrls,omitempty"`
+}
+
+// Manager owns every sandbox of a service: it creates, resumes, suspends,
+// forks and destroys them, saves their layers to the store and templates,
+// suspends idle ones, and saves them all when the service stops. Every
+// operation on one id is serialised; operations on different ids run in
+// parallel, and no lock is held across I/O but the id's own.
+type Manager struct {
+	cfg   ManagerConfig
+	l     *Launcher
+	proxy *relay.Proxy
+	st    store.Store
+	ns    string
+	work  string
+	log   *slog.Logger
+	met   *metrics
+
+	mu       sync.Mutex
+	boxes    map[string]*box
+	nrunning int // boxes counted against MaxRunning
+	closed   bool
+	// baseRefs counts, per template layer, the sandboxes starting,
+	// running or suspending on it: a layer they hold is not removed.
+	baseRefs map[string]int
+
+	tmu      sync.Mutex           // guards tlocks and imported
+	tlocks   map[string]*nameLock // per template name
+	imported map[string]bool      // templates `sandgate sandbox` holds
+
+	stop     context.CancelFunc // ends the idle loop
+	loopDone chan struct{}
+}
+
+// box is the manager's record of one id. sem serialises operations on it;
+// the fields below it are written only by the holder of sem.
+type box struct {
+	id   string
+	sem  chan struct{}
+	refs int // guarded by Manager.mu: holders and waiters of sem
+
+	state atomic.Value // State; "" when the id has nothing running
+	live  atomic.Pointer[Sandbox]
+
+	created  time.Time
+	template string // template name, "" for none
+	base     *record
+	network  Network
+}
+
+func (b *box) getState() State {
+	s, _ := b.state.Load().(State)
+	return s
+}
+
+// NewManager builds a manager and recovers what a previous process of the
+// service left (see Recover): sandboxes still running are saved and
+// removed, orphaned objects in the store are removed. It starts the idle
+// loop; Close stops it.
+func NewManager(ctx context.Context, cfg ManagerConfig) (*Manager, error) {
+	if cfg.Launcher == nil || cfg.Proxy == nil || cfg.Store == nil {
+		return nil, errors.New("appliance: ManagerConfig needs a Launcher, a Proxy and a Store")
+	}
+	if cfg.ImageID == "" {
+		cfg.ImageID = "local"
+	}
+	if cfg.MaxRunning <= 0 {
+		limit, _ := localbox.ParseSize(cfg.Launcher.cfg.Memory)
+		cfg.MaxRunning = DefaultMaxRunning(limit)
+	}
+	if cfg.IdleSuspend == 0 {
+		cfg.IdleSuspend = DefaultIdleSuspend
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	work := cfg.WorkDir
+	if work == "" {
+		work = os.TempDir()
+	}
+	if err := os.MkdirAll(work, 0o700); err != nil {
+		return nil, fmt.Errorf("appliance: work directory: %w", err)
+	}
+	m := &Manager{
+		cfg: cfg, l: cfg.Launcher, proxy: cfg.Proxy, st: cfg.Store, work: work,
+		ns:    TemplateNamespace(cfg.Version, cfg.ImageID),
+		log:   cfg.Logger,
+		met:   newMetrics(cfg.Metrics),
+		boxes: map[string]*box{}, baseRefs: map[string]int{},
+		tlocks: map[string]*nameLock{}, imported: map[string]bool{},
+	}
+	if _, err := m.Recover(ctx); err != nil {
+		return nil, err
+	}
+	loopCtx, stop := context.WithCancel(context.Background())
+	m.stop, m.loopDone = stop, make(chan struct{})
+	go m.idleLoop(loopCtx)
+	return m, nil
+}
+
+// Namespace is the template namespace of this manager.
+func (m *Manager) Namespace() string { return m.ns }
+
+// acquire takes the id's lock, waiting under ctx. The returned box's
+// fields are the caller's until release.
+func (m *Manager) acquire(ctx context.Context, id string) (*box, func(), error) {
+	if err := localbox.CheckID(id); err != nil {
+		return nil, nil, err
+	}
+	m.mu.Lock()
+	b := m.boxes[id]
+	if b == nil {
+		b = &box{id: id, sem: make(chan struct{}, 1)}
+		m.boxes[id] = b
+	}
+	b.refs++
+	m.mu.Unlock()
+	unref := func() {
+		m.mu.Lock()
+		if b.refs--; b.refs == 0 && b.getState() == "" {
+			delete(m.boxes, id)
+		}
+		m.mu.Unlock()
+	}
+	select {
+	case b.sem <- struct{}{}:
+	case <-ctx.Done():
+		unref()
+		return nil, nil, fmt.Errorf("sandbox %s: waiting for the operation in progress on it: %w", id, context.Cause(ctx))
+	}
+	return b, func() { <-b.sem; unref() }, nil
+}
+
+// setBase makes base the template layer of b, counting the hold.
+func (m *Manager) setBase(b *box, base *record) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if b.base != nil {
+		if m.baseRefs[b.base.Layer]--; m.baseRefs[b.base.Layer] <= 0 {
+			delete(m.baseRefs, b.base.Layer)
+		}
+	}
+	b.base = base
+	if base != nil {
+		m.baseRefs[base.Layer]++
+	}
+}
+
+// reserve counts a sandbox about to start against MaxRunning.
+func (m *Manager) reserve() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return ErrClosed
+	}
+	if m.nrunning >= m.cfg.MaxRunning {
+		return fmt.Errorf("%w: %d of %d running; suspend or destroy one, or raise the limit", ErrCapacity, m.nrunning, m.cfg.MaxRunning)
+	}
+	m.nrunning++
+	m.met.running.Set(float64(m.nrunning))
+	return nil
+}
+
+func (m *Manager) unreserve() {
+	m.mu.Lock()
+	m.nrunning--
+	m.met.running.Set(float64(m.nrunning))
+	m.mu.Unlock()
+}
+
+// Sandbox returns the running sandbox id, for commands, files and ports.
+// A sandbox not running (suspended, unknown, or in the middle of a
+// suspend) is ErrNotRunning.
+func (m *Manager) Sandbox(id string) (*Sandbox, error) {
+	m.mu.Lock()
+	b := m.boxes[id]
+	m.mu.Unlock()
+	if b != nil {
+		if sb := b.live.Load(); sb != nil {
+			sb.touch()
+			return sb, nil
+		}
+	}
+	return nil, fmt.Errorf("%w: sandbox %q is not running", ErrNotRunning, id)
+}
+
+// Create starts sandbox id from the image, or from opts.Template. It never
+// resumes: an id that is running, starting or suspended is ErrExists, and
+// of two concurrent creates of one id exactly one wins. On failure nothing
+// of the sandbox is left.
+func (m *Manager) Create(ctx context.Context, id string, opts CreateOptions) (sb *Sandbox, err error) {
+	start := time.Now()
+	defer func() { m.done("create", id, start, err, nil) }()
+	b, release, err := m.acquire(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	if b.getState() != "" {
+		return nil, fmt.Errorf("%w: sandbox %q is %s", ErrExists, id, b.getState())
+	}
+	if _, err := m.readRecord(ctx, snapshotRecordKey(id)); err == nil {
+		return nil, fmt.Errorf("%w: sandbox %q is suspended (resume it, or destroy it first)", ErrExists, id)
+	} else if !errors.Is(err, store.ErrNotFound) {
+		return nil, err
+	}
+	var base *record
+	if opts.Template != "" {
+		if base, err = m.templateRecord(ctx, opts.Template); err != nil {
+			return nil, err
+		}
+	}
+	if err := m.reserve(); err != nil {
+		return nil, err
+	}
+	b.created, b.template, b.network = time.Now().UTC(), opts.Template, opts.Network
+	m.setBase(b, base)
+	sb, err = m.start(ctx, b, nil, startOptions{Transforms: opts.Transforms, Modules: opts.Modules, Agent: opts.Agent, Dirs: opts.Dirs})
+	if err != nil {
+		m.setBase(b, nil)
+		m.unreserve()
+		return nil, err
+	}
+	return sb, nil
+}
+
+// Resume returns sandbox id running. A running one is returned as it is,
+// its network replaced by opts (its processes and transformations kept). A
+// suspended one is started from its snapshot with opts, and the snapshot
+// is spent only once the sandbox runs: a failed restore leaves it in place.
+// An id with neither is ErrNotFound.
+func (m *Manager) Resume(ctx context.Context, id string, opts ResumeOptions) (sb *Sandbox, err error) {
+	start := time.Now()
+	var bytes int64
+	defer func() { m.done("resume", id, start, err, func() []any { return []any{"bytes", bytes} }) }()
+	b, release, err := m.acquire(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	if live := b.live.Load(); live != nil {
+		b.network = opts.Network
+		live.setNetwork(opts.Network)
+		return live, nil
+	}
+	rec, err := m.readRecord(ctx, snapshotRecordKey(id))
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, fmt.Errorf("%w: sandbox %q is neither running nor suspended", ErrNotFound, id)
+	}
+	if err != nil {
+		return nil, err
+	}
+	bytes = rec.Size
+	if err := m.reserve(); err != nil {
+		return nil, err
+	}
+	b.created, b.template, b.network = rec.Created, rec.Template, opts.Network
+	m.setBase(b, rec.baseRecord())
+	sb, err = m.start(ctx, b, rec, startOptions{Transforms: opts.Transforms, Modules: opts.Modules, Agent: opts.Agent, Dirs: opts.Dirs})
+	if err != nil {
+		m.setBase(b, nil)
+		m.unreserve()
+		return nil, err
+	}
+	// Spent: the sandbox runs from it now. A failure here leaves a stale
+	// snapshot that the next suspend replaces.
+	if err := m.deleteRecord(ctx, snapshotRecordKey(id), rec); err != nil {
+		m.log.Warn("sandbox resumed, but its snapshot could not be removed; the next suspend replaces it", "sandbox", id, "err", err)
+	}
+	m.met.suspended.Dec()
+	return sb, nil
+}
+
+// Suspend saves sandbox id's layer to the store and removes the sandbox:
+// its processes are stopped, its layer exported and saved (compressed,
+// with its digest and manifest; a save cut short leaves nothing a resume
+// would trust), then it is deleted. A failed save leaves it running. Its
+// network and transformations are forgotten. A sandbox not running is no
+// error (idempotent).
+func (m *Manager) Suspend(ctx context.Context, id string) (err error) {
+	start := time.Now()
+	var saved *record
+	defer func() {
+		m.done("suspend", id, start, err, func() []any {
+			if saved == nil {
+				return nil
+			}
+			return []any{"bytes", saved.Size}
+		})
+	}()
+	b, release, err := m.acquire(ctx, id)
+	if err != nil {
+		return err
+	}
+	defer release()
+	saved, err = m.suspendLocked(ctx, b)
+	return err
+}
+
+// suspendLocked is Suspend under the id's lock.
+func (m *Manager) suspendLocked(ctx context.Context, b *box) (*record, error) {
+	sb := b.live.Load()
+	if sb == nil {
+		return nil, nil
+	}
+	b.live.Store(nil)
+	b.state.Store(Suspending)
+	m.met.states.WithLabelValues(string(Suspending)).Inc()
+	defer m.met.states.WithLabelValues(string(Suspending)).Dec()
+	restore := func() {
+		b.live.Store(sb)
+		b.state.Store(Running)
+	}
+	if _, err := sb.KillAll(ctx); err != nil && sb.Context().Err() == nil {
+		restore()
+		return nil, fmt.Errorf("sandbox %s: stopping its processes before saving: %w", b.id, err)
+	}
+	rec, err := m.saveSnapshot(ctx, b, sb)
+	if err != nil {
+		restore()
+		return nil, err
+	}
+	if err := sb.Destroy(context.WithoutCancel(ctx)); err != nil {
+		m.log.Warn("sandbox saved, but removing it failed", "sandbox", b.id, "err", err)
+	}
+	b.state.Store(State(""))
+	m.setBase(b, nil) // the record holds it now
+	m.unjournal(b.id)
+	m.unreserve()
+	m.met.suspended.Inc()
+	return rec, nil
+}
+
+// Destroy removes sandbox id, running or suspended, and its snapshot.
+// Destroying an id with neither is no error (idempotent).
+func (m *Manager) Destroy(ctx context.Context, id string) (err error) {
+	start := time.Now()
+	defer func() { m.done("destroy", id, start, err, nil) }()
+	b, release, err := m.acquire(ctx, id)
+	if err != nil {
+		return err
+	}
+	defer release()
+	if sb := b.live.Load(); sb != nil {
+		b.live.Store(nil)
+		if err := sb.Destroy(ctx); err != nil && !errors.Is(err, ErrNotFound) {
+			b.live.Store(sb)
+			return err
+		}
+		b.state.Store(State(""))
+		m.setBase(b, nil)
+		m.unjournal(id)
+		m.unreserve()
+	} else if m.l.Templates() {
+		// A sandbox the CLI still has that the manager does not know (a
+		// restart could not save it): remove it too.
+		if err := m.l.Delete(ctx, id); err != nil && !errors.Is(err, ErrNotFound) {
+			return err
+		}
+	}
+	rec, err := m.readRecord(ctx, snapshotRecordKey(id))
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return nil
+	case err != nil:
+		return err
+	}
+	if err := m.deleteRecord(ctx, snapshotRecordKey(id), rec); err != nil {
+		return err
+	}
+	m.met.suspended.Dec()
+	return nil
+}
+
+// ForkOptions are what Fork gives the new sandbox. A zero Network takes
+// the source's (a running source's network; a suspended one keeps none,
+// so deny-all).
+type ForkOptions struct {
+	Network    *Network
+	Transforms *transforms.RuleSet
+	Modules    *wasm.Chain
+	Agent      *agent.Config
+}
+
+// Fork makes sandbox dst a copy of src. A running src is copied by the
+// sandbox CLI (its files as they are now; it keeps running) and dst runs;
+// a suspended src's snapshot is copied (it stays) and dst is suspended, to
+// be resumed. dst must be free, as for Create. It returns dst's state.
+func (m *Manager) Fork(ctx context.Context, src, dst string, opts ForkOptions) (state State, err error) {
+	start := time.Now()
+	defer func() { m.done("fork", dst, start, err, func() []any { return []any{"from", src} }) }()
+	if src == dst {
+		return "", fmt.Errorf("%w: fork %s onto itself", ErrBadInput, src)
+	}
+	// Locks in id order: two forks between the same pair cannot deadlock.
+	first, second := src, dst
+	if second < first {
+		first, second = second, first
+	}
+	b1, rel1, err := m.acquire(ctx, first)
+	if err != nil {
+		return "", err
+	}
+	defer rel1()
+	b2, rel2, err := m.acquire(ctx, second)
+	if err != nil {
+		return "", err
+	}
+	defer rel2()
+	sb, db := b1, b2
+	if sb.id != src {
+		sb, db = b2, b1
+	}
+	if db.getState() != "" {
+		return "", fmt.Errorf("%w: sandbox %q is %s", ErrExists, dst, db.getState())
+	}
+	if _, err := m.readRecord(ctx, snapshotRecordKey(dst)); err == nil {
+		return "", fmt.Errorf("%w: sandbox %q is suspended", ErrExists, dst)
+	} else if !errors.Is(err, store.ErrNotFound) {
+		return "", err
+	}
+	if live := sb.live.Load(); live != nil {
+		network := sb.network
+		if opts.Network != nil {
+			network = *opts.Network
+		}
+		if err := m.reserve(); err != nil {
+			return "", err
+		}
+		if err := m.l.Fork(ctx, src, dst); err != nil {
+			m.unreserve()
+			return "", err
+		}
+		db.created, db.template, db.network = time.Now().UTC(), sb.template, network
+		m.setBase(db, sb.base)
+		if _, err := m.attach(ctx, db, startOptions{Transforms: opts.Transforms, Modules: opts.Modules, Agent: opts.Agent}); err != nil {
+			m.setBase(db, nil)
+			m.unreserve()
+			return "", err
+		}
+		return Running, nil
+	}
+	rec, err := m.readRecord(ctx, snapshotRecordKey(src))
+	if errors.Is(err, store.ErrNotFound) {
+		return "", fmt.Errorf("%w: sandbox %q is neither running nor suspended", ErrNotFound, src)
+	}
+	if err != nil {
+		return "", err
+	}
+	if err := m.copySnapshot(ctx, rec, dst); err != nil {
+		return "", err
+	}
+	m.met.suspended.Inc()
+	return Suspended, nil
+}
+
+// Get describes sandbox id; an id neither running nor suspended is
+// ErrNotFound.
+func (m *Manager) Get(ctx context.Context, id string) (Info, error) {
+	if err := localbox.CheckID(id); err != nil {
+		return Info{}, err
+	}
+	m.mu.Lock()
+	b := m.boxes[id]
+	m.mu.Unlock()
+	if b != nil && b.getState() != "" {
+		return m.liveInfo(b), nil
+	}
+	rec, err := m.readRecord(ctx, snapshotRecordKey(id))
+	if errors.Is(err, store.ErrNotFound) {
+		return Info{}, fmt.Errorf("%w: sandbox %q is neither running nor suspended", ErrNotFound, id)
+	}
+	if err != nil {
+		return Info{}, err
+	}
+	return rec.info(id), nil
+}
+
+// List describes every sandbox, running and suspended, by id.
+func (m *Manager) List(ctx context.Context) ([]Info, error) {
+	m.mu.Lock()
+	var live []*box
+	for _, b := range m.boxes {
+		if b.getState() != "" {
+			live = append(live, b)
+		}
+	}
+	m.mu.Unlock()
+	out := make([]Info, 0, len(live))
+	seen := map[string]bool{}
+	for _, b := range live {
+		out = append(out, m.liveInfo(b))
+		seen[b.id] = true
+	}
+	ids, err := m.suspendedIDs(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, id := range ids {
+		if seen[id] {
+			continue // resumed meanwhile
+		}
+		rec, err := m.readRecord(ctx, snapshotRecordKey(id))
+		if err != nil {
+			continue // destroyed or resumed meanwhile
+		}
+		out = append(out, rec.info(id))
+	}
+	slices.SortFunc(out, func(a, b Info) int {
+		switch {
+		case a.ID < b.ID:
+			return -1
+		case a.ID > b.ID:
+			return 1
+		}
+		return 0
+	})
+	return out, nil
+}
+
+func (m *Manager) liveInfo(b *box) Info {
+	inf := Info{ID: b.id, State: b.getState(), Created: b.created, Template: b.template}
+	if sb := b.live.Load(); sb != nil {
+		pol := sb.relay.Policy()
+		inf.Policy = &pol
+		inf.BaseURLs = b.network.BaseURLs
+		inf.LastActive = time.Now().Add(-sb.Idle(time.Now())).UTC()
+		inf.LayerBytes = m.l.UpperSize(b.id)
+	}
+	return inf
+}
+
+// Capacity is what the service holds.
+type Capacity struct {
+	Running, MaxRunning int
+	Suspended           int
+	// MemoryLimitBytes is the memory the running sandboxes may take
+	// together (their limits); LayerBytes what their layers take on
+	// disk (running, where the CLI tells) and in the store (suspended).
+	MemoryLimitBytes int64
+	LayerBytes       int64
+}
+
+// Capacity reports what the service holds now.
+func (m *Manager) Capacity(ctx context.Context) (Capacity, error) {
+	infos, err := m.List(ctx)
+	if err != nil {
+		return Capacity{}, err
+	}
+	c := Capacity{MaxRunning: m.cfg.MaxRunning}
+	limit, _ := localbox.ParseSize(m.l.cfg.Memory)
+	for _, in := range infos {
+		if in.State == Suspended {
+			c.Suspended++
+		} else {
+			c.Running++
+			c.MemoryLimitBytes += limit
+		}
+		c.LayerBytes += in.LayerBytes
+	}
+	return c, nil
+}
+
+// done logs an operation's one event and counts it.
+func (m *Manager) done(op, id string, start time.Time, err error, attrs func() []any) {
+	took := time.Since(start)
+	result := "ok"
+	if err != nil {
+		result = "error"
+	}
+	m.met.ops.WithLabelValues(op, result).Inc()
+	m.met.durations.WithLabelValues(op).Observe(took.Seconds())
+	args := []any{"sandbox", id, "op", op, "ms", took.Milliseconds()}
+	if attrs != nil {
+		args = append(args, attrs()...)
+	}
+	if err != nil {
+		m.log.Warn(fmt.Sprintf("%s %s failed after %d ms", id, op, took.Milliseconds()), append(args, "err", err)...)
+		return
+	}
+	verb := map[string]string{"create": "created", "resume": "resumed", "suspend": "suspended", "destroy": "destroyed", "fork": "forked", "template": "saved as a template"}[op]
+	m.log.Info(fmt.Sprintf("%s %s in %d ms", id, verb, took.Milliseconds()), args...)
+}

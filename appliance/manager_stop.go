@@ -1,0 +1,276 @@
+package appliance
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sandgate/sandgate/snapshot"
+	"github.com/sandgate/sandgate/snapshot/store"
+)
+
+// idleLoop suspends sandboxes idle for cfg.IdleSuspend, until ctx ends.
+func (m *Manager) idleLoop(ctx context.Context) {
+	defer close(m.loopDone)
+	if m.cfg.IdleSuspend < 0 {
+		return
+	}
+	tick := time.NewTicker(min(max(m.cfg.IdleSuspend/4, 50*time.Millisecond), 30*time.Second))
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		now := time.Now()
+		m.mu.Lock()
+		var idle []string
+		for id, b := range m.boxes {
+			if sb := b.live.Load(); sb != nil && sb.Idle(now) >= m.cfg.IdleSuspend {
+				idle = append(idle, id)
+			}
+		}
+		m.mu.Unlock()
+		for _, id := range idle {
+			m.suspendIdle(ctx, id)
+		}
+	}
+}
+
+// suspendIdle suspends id if it is still idle once its lock is free; an
+// operation in progress on it means it is not.
+func (m *Manager) suspendIdle(ctx context.Context, id string) {
+	m.mu.Lock()
+	b := m.boxes[id]
+	if b == nil {
+		m.mu.Unlock()
+		return
+	}
+	select {
+	case b.sem <- struct{}{}:
+		b.refs++
+	default:
+		m.mu.Unlock()
+		return // busy: not idle
+	}
+	m.mu.Unlock()
+	release := func() {
+		<-b.sem
+		m.mu.Lock()
+		if b.refs--; b.refs == 0 && b.getState() == "" {
+			delete(m.boxes, id)
+		}
+		m.mu.Unlock()
+	}
+	defer release()
+	sb := b.live.Load()
+	if sb == nil || sb.Idle(time.Now()) < m.cfg.IdleSuspend {
+		return
+	}
+	start := time.Now()
+	sctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
+	defer cancel()
+	rec, err := m.suspendLocked(sctx, b)
+	m.done("suspend", id, start, err, func() []any {
+		attrs := []any{"reason", "idle", "idle_for", m.cfg.IdleSuspend.String()}
+		if rec != nil {
+			attrs = append(attrs, "bytes", rec.Size)
+		}
+		return attrs
+	})
+}
+
+// SaveAllResult says which sandboxes SaveAll saved and which it could not,
+// and why.
+type SaveAllResult struct {
+	Saved  []string
+	Failed map[string]error
+}
+
+// SaveAll suspends every running sandbox in parallel, bounded by ctx (on
+// SIGTERM Cloud Run gives 10 s). A save cut short by ctx leaves nothing a
+// resume would trust, and a sandbox it could not save keeps its previous
+// snapshot, if it had one, and keeps running.
+func (m *Manager) SaveAll(ctx context.Context) SaveAllResult {
+	m.mu.Lock()
+	var ids []string
+	for id, b := range m.boxes {
+		if b.getState() != "" {
+			ids = append(ids, id)
+		}
+	}
+	m.mu.Unlock()
+	res := SaveAllResult{Failed: map[string]error{}}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for _, id := range ids {
+		wg.Go(func() {
+			err := m.Suspend(ctx, id)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				res.Failed[id] = err
+			} else {
+				res.Saved = append(res.Saved, id)
+			}
+		})
+	}
+	wg.Wait()
+	slices.Sort(res.Saved)
+	return res
+}
+
+// Close stops the service's sandboxes: new operations are refused
+// (ErrClosed), idle suspend stops, and every running sandbox is saved as
+// SaveAll does, within ctx. It returns what was saved and what was not.
+func (m *Manager) Close(ctx context.Context) SaveAllResult {
+	m.mu.Lock()
+	m.closed = true
+	m.mu.Unlock()
+	m.stop()
+	<-m.loopDone
+	res := m.SaveAll(ctx)
+	if len(res.Failed) > 0 {
+		m.log.Error(fmt.Sprintf("could not save %d sandboxes: %s", len(res.Failed), strings.Join(slices.Sorted(maps.Keys(res.Failed)), ", ")), "saved", res.Saved)
+	}
+	return res
+}
+
+// RecoverResult is what Recover found.
+type RecoverResult struct {
+	// Saved are sandboxes a previous process left running (or stopped),
+	// now saved as their snapshots and removed.
+	Saved []string
+	// Failed are sandboxes it could not save: left as they are, their
+	// previous snapshots (if any) untouched.
+	Failed map[string]error
+	// Removed are store objects no record names (saves cut short).
+	Removed []string
+}
+
+// Recover finds what a previous process of the service left (NewManager
+// calls it). A sandbox still known to the sandbox CLI (`sandgate sandbox`
+// keeps them across a crash of the service) is saved as its snapshot —
+// it is newer than any snapshot it has — and removed; one that cannot be
+// saved is left, and its previous snapshot kept. Layers no record names
+// (a save or a copy cut short) are removed, and so are template layers no
+// template or snapshot names.
+func (m *Manager) Recover(ctx context.Context) (RecoverResult, error) {
+	res := RecoverResult{Failed: map[string]error{}}
+	left, err := m.l.List(ctx)
+	if err != nil {
+		return res, fmt.Errorf("appliance: listing the sandboxes a previous run left: %w", err)
+	}
+	for _, in := range left {
+		if err := m.recoverSandbox(ctx, in.ID, in.Created); err != nil {
+			res.Failed[in.ID] = err
+			m.log.Error("a sandbox left by a previous run could not be saved; it is left as it is", "sandbox", in.ID, "err", err)
+			continue
+		}
+		res.Saved = append(res.Saved, in.ID)
+		m.log.Info("a sandbox left by a previous run was saved as its snapshot", "sandbox", in.ID)
+	}
+	removed, err := m.collectGarbage(ctx)
+	res.Removed = removed
+	if err != nil {
+		m.log.Warn("cleaning the store failed; the next start tries again", "err", err)
+	}
+	ids, err := m.suspendedIDs(ctx)
+	if err != nil {
+		return res, err
+	}
+	m.met.suspended.Set(float64(len(ids)))
+	if names, err := m.l.ListTemplates(ctx); err == nil {
+		m.tmu.Lock()
+		for _, n := range names {
+			m.imported[n] = true
+		}
+		m.tmu.Unlock()
+	}
+	return res, nil
+}
+
+// recoverSandbox saves a sandbox left by a previous run and removes it.
+func (m *Manager) recoverSandbox(ctx context.Context, id string, created time.Time) error {
+	j, err := m.readJournal(id)
+	if err != nil {
+		// Not one of this service's (no journal entry): its layer may be a
+		// delta onto a template this process cannot name. Leave it.
+		return fmt.Errorf("no journal entry (%v): not saved; remove it with `sandgate sandbox delete --force %s` if it is not needed", err, id)
+	}
+	file, cleanup, err := m.exportLayer(ctx, id)
+	if err != nil {
+		return err
+	}
+	defer cleanup()
+	if j.Created.IsZero() {
+		j.Created = created
+	}
+	if _, err := m.saveSnapshotFile(ctx, id, file, j.Created, j.Template, j.Base); err != nil {
+		return err
+	}
+	if err := m.l.Delete(ctx, id); err != nil && !errors.Is(err, ErrNotFound) {
+		m.log.Warn("a recovered sandbox was saved but could not be removed", "sandbox", id, "err", err)
+	}
+	m.unjournal(id)
+	return nil
+}
+
+// collectGarbage removes layer objects no record names.
+func (m *Manager) collectGarbage(ctx context.Context) ([]string, error) {
+	recs, err := m.snapshotRecords(ctx)
+	if err != nil {
+		return nil, err
+	}
+	named := map[string]bool{} // layer keys a record names
+	keep := map[string]bool{}  // templates of `sandgate sandbox` to keep
+	for _, r := range recs {
+		named[r.Layer] = true
+		if r.Base != "" {
+			named[r.Base] = true
+			keep[localTemplateName(r.BaseDigest)] = true
+		}
+	}
+	tinfos, err := m.st.List(ctx, "templates/"+m.ns+"/")
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrStore, err)
+	}
+	for _, in := range tinfos {
+		if strings.HasSuffix(in.Name, ".json") && strings.Count(strings.TrimPrefix(in.Name, "templates/"+m.ns+"/"), "/") == 0 {
+			if r, err := m.readRecord(ctx, in.Name); err == nil {
+				named[r.Layer] = true
+				keep[localTemplateName(r.Digest)] = true
+			}
+		}
+	}
+	sinfos, err := m.st.List(ctx, "snapshots/")
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrStore, err)
+	}
+	var removed []string
+	for _, in := range append(sinfos, tinfos...) {
+		layer := strings.TrimSuffix(in.Name, ".manifest.json")
+		if !strings.HasSuffix(layer, snapshot.Zstd.Ext()) || strings.Count(layer, "/") < 2 || named[layer] {
+			continue
+		}
+		if err := m.st.Delete(ctx, in.Name); err != nil && !errors.Is(err, store.ErrNotFound) {
+			return removed, fmt.Errorf("%w: removing %s: %v", ErrStore, in.Name, err)
+		}
+		removed = append(removed, in.Name)
+	}
+	// Templates `sandgate sandbox` holds for layers nothing names.
+	if names, err := m.l.ListTemplates(ctx); err == nil {
+		for _, n := range names {
+			if strings.HasPrefix(n, "t-") && !keep[n] {
+				_ = m.l.RemoveTemplate(ctx, n) // refused while a sandbox uses it
+			}
+		}
+	}
+	return removed, nil
+}

@@ -1,0 +1,436 @@
+package appliance
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sandgate/sandgate/snapshot"
+	"github.com/sandgate/sandgate/snapshot/store"
+)
+
+// The store, as the manager lays it out:
+//
+//	snapshots/<id>.json                      the record of suspended sandbox <id>
+//	snapshots/<id>/<generation>.tar.zst      its layer (+ .manifest.json beside it)
+//	templates/<ns>/<name>.json               the record of template <name>
+//	templates/<ns>/<name>/<generation>.tar.zst  its layer (+ manifest, with a file index)
+//
+// A layer is written under a new generation and its record replaced only
+// once the layer and its manifest are complete: a save cut short leaves the
+// previous record, and the layer it names, as they were (the stray
+// generation is removed by the next Recover). A record names its layer's
+// digest, which Load checks the layer against; a layer saved as a delta
+// onto a template names that template's layer (Base), which is kept as
+// long as a record names it, whatever happens to the template's own
+// record.
+
+func snapshotRecordKey(id string) string { return "snapshots/" + id + ".json" }
+
+func (m *Manager) templateRecordKey(name string) string {
+	return "templates/" + m.ns + "/" + name + ".json"
+}
+
+// TemplateNamespace is the namespace of a service's templates: a digest of
+// sandgate's version and the image id, so that a template made on another
+// image (or by another version) is never used.
+func TemplateNamespace(version, imageID string) string {
+	sum := sha256.Sum256([]byte("sandgate-template-namespace\x00" + version + "\x00" + imageID))
+	return hex.EncodeToString(sum[:8])
+}
+
+// generation names a new layer object: sortable by time, unique.
+func generation() string {
+	var rnd [4]byte
+	rand.Read(rnd[:])
+	return time.Now().UTC().Format("20060102T150405.000000000Z") + "-" + hex.EncodeToString(rnd[:])
+}
+
+// record is what the store keeps of a suspended sandbox or a template.
+type record struct {
+	Layer  string `json:"layer"`  // key of the layer object
+	Digest string `json:"digest"` // its sha256, as its manifest records
+	Size   int64  `json:"size"`   // its bytes
+	// Base and BaseDigest name the template layer this layer is a delta
+	// onto; empty for a full layer.
+	Base       string    `json:"base,omitempty"`
+	BaseDigest string    `json:"baseDigest,omitempty"`
+	Template   string    `json:"template,omitempty"` // the template's name, for people
+	Created    time.Time `json:"created"`            // the sandbox's creation (templates: the save)
+	Saved      time.Time `json:"saved"`
+}
+
+// baseRecord is the template layer a snapshot is a delta onto, or nil.
+func (r *record) baseRecord() *record {
+	if r.Base == "" {
+		return nil
+	}
+	return &record{Layer: r.Base, Digest: r.BaseDigest, Template: r.Template}
+}
+
+func (r *record) info(id string) Info {
+	return Info{ID: id, State: Suspended, Created: r.Created, LayerBytes: r.Size, Template: r.Template}
+}
+
+// readRecord reads the record under key; a missing one is store.ErrNotFound.
+func (m *Manager) readRecord(ctx context.Context, key string) (*record, error) {
+	rc, err := m.st.Get(ctx, key)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, err
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%w: reading %s: %v", ErrStore, key, err)
+	}
+	defer rc.Close()
+	b, err := io.ReadAll(io.LimitReader(rc, 1<<20))
+	if err != nil {
+		return nil, fmt.Errorf("%w: reading %s: %v", ErrStore, key, err)
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	var r record
+	if err := dec.Decode(&r); err != nil || r.Layer == "" || r.Digest == "" {
+		return nil, fmt.Errorf("%w: %s is not a sandgate record (%v)", ErrStore, key, err)
+	}
+	return &r, nil
+}
+
+func (m *Manager) writeRecord(ctx context.Context, key string, r *record) error {
+	b, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	if _, err := m.st.Put(ctx, key, bytes.NewReader(b), store.PutOptions{}); err != nil {
+		return fmt.Errorf("%w: writing %s: %v", ErrStore, key, err)
+	}
+	return nil
+}
+
+// deleteRecord removes a record, then the layer it names. Without the
+// record the layer is unreachable; if removing it fails, Recover does.
+func (m *Manager) deleteRecord(ctx context.Context, key string, r *record) error {
+	if err := m.st.Delete(ctx, key); err != nil && !errors.Is(err, store.ErrNotFound) {
+		return fmt.Errorf("%w: removing %s: %v", ErrStore, key, err)
+	}
+	m.deleteLayer(ctx, r.Layer)
+	return nil
+}
+
+// deleteLayer removes a layer object and its manifest, logging failures
+// (Recover removes what is left).
+func (m *Manager) deleteLayer(ctx context.Context, key string) {
+	for _, k := range []string{key, snapshot.ManifestName(key)} {
+		if err := m.st.Delete(ctx, k); err != nil && !errors.Is(err, store.ErrNotFound) {
+			m.log.Warn("removing a layer object failed; the next start removes it", "object", k, "err", err)
+		}
+	}
+}
+
+// tempFile is a file in the work directory, removed by the returned func.
+func (m *Manager) tempFile(pattern string) (string, func(), error) {
+	f, err := os.CreateTemp(m.work, pattern)
+	if err != nil {
+		return "", nil, err
+	}
+	f.Close()
+	return f.Name(), func() { os.Remove(f.Name()) }, nil
+}
+
+// exportLayer writes sandbox id's writable layer to a temporary file, as
+// the sandbox CLI's tar verb writes it.
+func (m *Manager) exportLayer(ctx context.Context, id string) (string, func(), error) {
+	file, cleanup, err := m.tempFile("layer-" + id + "-*.tar")
+	if err != nil {
+		return "", nil, err
+	}
+	if err := m.l.Tar(ctx, id, file); err != nil {
+		cleanup()
+		return "", nil, fmt.Errorf("sandbox %s: exporting its layer: %w", id, err)
+	}
+	return file, cleanup, nil
+}
+
+// saveLayer saves the layer tar in file under key: as it is, or as a delta
+// onto base (a template layer with a file index) when the tar is a full
+// layer made from it (Google's CLI: the template was imported into the
+// sandbox's layer).
+func (m *Manager) saveLayer(ctx context.Context, file, key, id string, base *record, index bool) (*snapshot.Manifest, error) {
+	f, err := os.Open(file)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	opts := snapshot.SaveOptions{NoClobber: true, PackOptions: snapshot.PackOptions{
+		Compression: snapshot.Zstd, ImageID: m.cfg.ImageID, SandboxID: id, Index: index,
+	}}
+	if base != nil {
+		opts.Parent = base.Digest
+		if !m.l.Templates() {
+			bm, err := snapshot.ReadStoredManifest(ctx, m.st, snapshot.ManifestName(base.Layer))
+			if err != nil {
+				return nil, fmt.Errorf("%w: the template layer's manifest: %v", ErrStore, err)
+			}
+			opts.Base = bm
+		}
+	}
+	man, err := snapshot.Save(ctx, snapshot.StreamSource(f), m.st, key, opts)
+	if err != nil {
+		m.deleteLayer(context.WithoutCancel(ctx), key)
+		return nil, fmt.Errorf("%w: saving %s: %v", ErrStore, key, err)
+	}
+	return man, nil
+}
+
+// saveSnapshot exports a running sandbox's layer, saves it under a new
+// generation and points its record at it.
+func (m *Manager) saveSnapshot(ctx context.Context, b *box, sb *Sandbox) (*record, error) {
+	file, cleanup, err := m.exportLayer(ctx, b.id)
+	if err != nil {
+		return nil, err
+	}
+	defer cleanup()
+	return m.saveSnapshotFile(ctx, b.id, file, b.created, b.template, b.base)
+}
+
+func (m *Manager) saveSnapshotFile(ctx context.Context, id, file string, created time.Time, template string, base *record) (*record, error) {
+	key := "snapshots/" + id + "/" + generation() + ".tar.zst"
+	man, err := m.saveLayer(ctx, file, key, id, base, false)
+	if err != nil {
+		return nil, err
+	}
+	rec := &record{Layer: key, Digest: man.Digest, Size: man.Size, Template: template, Created: created, Saved: time.Now().UTC()}
+	if base != nil {
+		rec.Base, rec.BaseDigest = base.Layer, base.Digest
+	}
+	old, _ := m.readRecord(ctx, snapshotRecordKey(id))
+	if err := m.writeRecord(ctx, snapshotRecordKey(id), rec); err != nil {
+		m.deleteLayer(context.WithoutCancel(ctx), key)
+		return nil, err
+	}
+	if old != nil && old.Layer != key {
+		m.deleteLayer(ctx, old.Layer)
+	}
+	return rec, nil
+}
+
+// fetchLayer copies the layer under key to a temporary file, checking it
+// against digest (its manifest's, and the record's).
+func (m *Manager) fetchLayer(ctx context.Context, key, digest string) (string, func(), error) {
+	l, err := snapshot.Load(ctx, m.st, key)
+	if err != nil {
+		return "", nil, fmt.Errorf("%w: %v", ErrStore, err)
+	}
+	defer l.Close()
+	if l.Manifest.Digest != digest {
+		return "", nil, fmt.Errorf("%w: %s is %s, its record says %s", snapshot.ErrDigestMismatch, key, l.Manifest.Digest, digest)
+	}
+	file, cleanup, err := m.tempFile("fetch-*" + filepath.Ext(key))
+	if err != nil {
+		return "", nil, err
+	}
+	if err := copyToFile(file, l); err != nil {
+		cleanup()
+		return "", nil, fmt.Errorf("%w: reading %s: %v", ErrStore, key, err)
+	}
+	return file, cleanup, nil
+}
+
+func copyToFile(file string, r io.Reader) error {
+	f, err := os.OpenFile(file, os.O_WRONLY|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	_, err = io.Copy(f, r)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// mergeToFile folds a delta layer onto its template layer into one full
+// layer in a temporary file: what Google's CLI imports.
+func (m *Manager) mergeToFile(ctx context.Context, base *record, deltaKey, deltaDigest string) (string, func(), error) {
+	bl, err := snapshot.Load(ctx, m.st, base.Layer)
+	if err != nil {
+		return "", nil, fmt.Errorf("%w: the template layer: %v", ErrStore, err)
+	}
+	defer bl.Close()
+	dl, err := snapshot.Load(ctx, m.st, deltaKey)
+	if err != nil {
+		return "", nil, fmt.Errorf("%w: %v", ErrStore, err)
+	}
+	defer dl.Close()
+	if bl.Manifest.Digest != base.Digest || dl.Manifest.Digest != deltaDigest {
+		return "", nil, fmt.Errorf("%w: a layer does not match its record", snapshot.ErrDigestMismatch)
+	}
+	file, cleanup, err := m.tempFile("merged-*.tar.zst")
+	if err != nil {
+		return "", nil, err
+	}
+	f, err := os.OpenFile(file, os.O_WRONLY|os.O_TRUNC, 0o600)
+	if err != nil {
+		cleanup()
+		return "", nil, err
+	}
+	_, err = snapshot.MergeLayers(ctx, bl, dl, f, snapshot.MergeOptions{})
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		cleanup()
+		return "", nil, fmt.Errorf("merging the layer onto its template: %w", err)
+	}
+	return file, cleanup, nil
+}
+
+// copySnapshot copies a suspended sandbox's record and layer to dst: the
+// layer's bytes (and so its digest) unchanged, under dst's own key.
+func (m *Manager) copySnapshot(ctx context.Context, src *record, dst string) error {
+	l, err := snapshot.Load(ctx, m.st, src.Layer)
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrStore, err)
+	}
+	defer l.Close()
+	key := "snapshots/" + dst + "/" + generation() + ".tar.zst"
+	if _, err := m.st.Put(ctx, key, l, store.PutOptions{IfNotExist: true, Digest: func() string { return src.Digest }}); err != nil {
+		m.deleteLayer(context.WithoutCancel(ctx), key)
+		return fmt.Errorf("%w: copying %s: %v", ErrStore, src.Layer, err)
+	}
+	man := *l.Manifest
+	man.SandboxID = dst
+	var buf bytes.Buffer
+	if _, err := man.WriteTo(&buf); err != nil {
+		return err
+	}
+	if _, err := m.st.Put(ctx, snapshot.ManifestName(key), &buf, store.PutOptions{}); err != nil {
+		m.deleteLayer(context.WithoutCancel(ctx), key)
+		return fmt.Errorf("%w: %v", ErrStore, err)
+	}
+	rec := *src
+	rec.Layer, rec.Created, rec.Saved = key, time.Now().UTC(), time.Now().UTC()
+	if err := m.writeRecord(ctx, snapshotRecordKey(dst), &rec); err != nil {
+		m.deleteLayer(context.WithoutCancel(ctx), key)
+		return err
+	}
+	return nil
+}
+
+// suspendedIDs lists the ids with a snapshot record.
+func (m *Manager) suspendedIDs(ctx context.Context) ([]string, error) {
+	infos, err := m.st.List(ctx, "snapshots/")
+	if err != nil {
+		return nil, fmt.Errorf("%w: listing snapshots: %v", ErrStore, err)
+	}
+	var ids []string
+	for _, in := range infos {
+		rest := strings.TrimPrefix(in.Name, "snapshots/")
+		if id, ok := strings.CutSuffix(rest, ".json"); ok && !strings.Contains(id, "/") {
+			ids = append(ids, id)
+		}
+	}
+	return ids, nil
+}
+
+// snapshotRecords reads every snapshot record (for what they reference).
+func (m *Manager) snapshotRecords(ctx context.Context) (map[string]*record, error) {
+	ids, err := m.suspendedIDs(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]*record{}
+	for _, id := range ids {
+		r, err := m.readRecord(ctx, snapshotRecordKey(id))
+		if errors.Is(err, store.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		out[id] = r
+	}
+	return out, nil
+}
+
+// localTemplateName is the name under which `sandgate sandbox` keeps a
+// template layer: from its digest, so one layer is imported once whatever
+// templates name it.
+func localTemplateName(digest string) string {
+	h := strings.TrimPrefix(digest, "sha256:")
+	return "t-" + h[:min(40, len(h))]
+}
+
+// ensureTemplate makes sure `sandgate sandbox` has the template layer
+// base, importing it from the store the first time, and returns its name
+// there.
+func (m *Manager) ensureTemplate(ctx context.Context, base *record) (string, error) {
+	name := localTemplateName(base.Digest)
+	unlock := m.nameLock(name)
+	defer unlock()
+	if m.isImported(name) {
+		return name, nil
+	}
+	file, cleanup, err := m.fetchLayer(ctx, base.Layer, base.Digest)
+	if err != nil {
+		return "", err
+	}
+	defer cleanup()
+	if err := m.l.ImportTemplate(ctx, name, file); err != nil && !errors.Is(err, ErrExists) {
+		return "", fmt.Errorf("importing the template layer: %w", err)
+	}
+	m.setImported(name, true)
+	return name, nil
+}
+
+// nameLock serialises work on one name (a template): the first caller
+// imports, the others wait for it, and other names go on.
+func (m *Manager) nameLock(name string) (unlock func()) {
+	m.tmu.Lock()
+	l := m.tlocks[name]
+	if l == nil {
+		l = &nameLock{}
+		m.tlocks[name] = l
+	}
+	l.refs++
+	m.tmu.Unlock()
+	l.mu.Lock()
+	return func() {
+		l.mu.Unlock()
+		m.tmu.Lock()
+		if l.refs--; l.refs == 0 {
+			delete(m.tlocks, name)
+		}
+		m.tmu.Unlock()
+	}
+}
+
+type nameLock struct {
+	mu   sync.Mutex
+	refs int // guarded by Manager.tmu
+}
+
+func (m *Manager) isImported(name string) bool {
+	m.tmu.Lock()
+	defer m.tmu.Unlock()
+	return m.imported[name]
+}
+
+func (m *Manager) setImported(name string, ok bool) {
+	m.tmu.Lock()
+	defer m.tmu.Unlock()
+	if ok {
+		m.imported[name] = true
+	} else {
+		delete(m.imported, name)
+	}
+}

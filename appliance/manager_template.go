@@ -1,0 +1,196 @@
+package appliance
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/sandgate/sandgate/appliance/localbox"
+	"github.com/sandgate/sandgate/snapshot"
+	"github.com/sandgate/sandgate/snapshot/store"
+)
+
+// CheckTemplateName reports whether name can name a template (the rule of
+// sandbox ids).
+func CheckTemplateName(name string) error { return localbox.CheckTemplateName(name) }
+
+// SaveTemplate saves running sandbox id's files as template name in this
+// service's namespace, replacing a template of that name; the sandbox
+// keeps running. A template is a full layer (a sandbox made from another
+// template is folded onto it) with a file index, so sandboxes made from
+// it save only what differs.
+func (m *Manager) SaveTemplate(ctx context.Context, id, name string) (err error) {
+	start := time.Now()
+	var size int64
+	defer func() {
+		m.done("template", id, start, err, func() []any { return []any{"template", name, "bytes", size} })
+	}()
+	if err := CheckTemplateName(name); err != nil {
+		return err
+	}
+	b, release, err := m.acquire(ctx, id)
+	if err != nil {
+		return err
+	}
+	defer release()
+	if b.live.Load() == nil {
+		return fmt.Errorf("%w: sandbox %q is not running", ErrNotRunning, id)
+	}
+	file, cleanup, err := m.exportLayer(ctx, id)
+	if err != nil {
+		return err
+	}
+	defer cleanup()
+	if b.base != nil && m.l.Templates() {
+		// The sandbox's layer is a delta onto its template: fold it.
+		merged, mcleanup, err := m.mergeFileOnto(ctx, b.base, file)
+		if err != nil {
+			return err
+		}
+		defer mcleanup()
+		file = merged
+	}
+	key := "templates/" + m.ns + "/" + name + "/" + generation() + ".tar.zst"
+	man, err := m.saveLayer(ctx, file, key, id, nil, true)
+	if err != nil {
+		return err
+	}
+	size = man.Size
+	now := time.Now().UTC()
+	rec := &record{Layer: key, Digest: man.Digest, Size: man.Size, Template: name, Created: now, Saved: now}
+	unlock := m.nameLock("template/" + name)
+	defer unlock()
+	old, err := m.readRecord(ctx, m.templateRecordKey(name))
+	if err != nil && !errors.Is(err, store.ErrNotFound) {
+		m.deleteLayer(context.WithoutCancel(ctx), key)
+		return err
+	}
+	if err := m.writeRecord(ctx, m.templateRecordKey(name), rec); err != nil {
+		m.deleteLayer(context.WithoutCancel(ctx), key)
+		return err
+	}
+	if old != nil {
+		m.dropTemplateLayer(ctx, old)
+	}
+	return nil
+}
+
+// mergeFileOnto folds the delta layer in file onto base into a new file.
+func (m *Manager) mergeFileOnto(ctx context.Context, base *record, file string) (string, func(), error) {
+	bl, err := snapshot.Load(ctx, m.st, base.Layer)
+	if err != nil {
+		return "", nil, fmt.Errorf("%w: the template layer: %v", ErrStore, err)
+	}
+	defer bl.Close()
+	d, err := os.Open(file)
+	if err != nil {
+		return "", nil, err
+	}
+	defer d.Close()
+	out, cleanup, err := m.tempFile("merged-*.tar.zst")
+	if err != nil {
+		return "", nil, err
+	}
+	f, err := os.OpenFile(out, os.O_WRONLY|os.O_TRUNC, 0o600)
+	if err != nil {
+		cleanup()
+		return "", nil, err
+	}
+	_, err = snapshot.MergeLayers(ctx, bl, d, f, snapshot.MergeOptions{})
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		cleanup()
+		return "", nil, fmt.Errorf("folding the sandbox's layer onto its template: %w", err)
+	}
+	return out, cleanup, nil
+}
+
+// TemplateExists reports whether template name is in this service's
+// namespace.
+func (m *Manager) TemplateExists(ctx context.Context, name string) (bool, error) {
+	if err := CheckTemplateName(name); err != nil {
+		return false, err
+	}
+	_, err := m.readRecord(ctx, m.templateRecordKey(name))
+	if errors.Is(err, store.ErrNotFound) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// templateRecord reads template name's record; a missing one is
+// ErrNoTemplate.
+func (m *Manager) templateRecord(ctx context.Context, name string) (*record, error) {
+	if err := CheckTemplateName(name); err != nil {
+		return nil, err
+	}
+	rec, err := m.readRecord(ctx, m.templateRecordKey(name))
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, fmt.Errorf("%w: %q (namespace %s)", ErrNoTemplate, name, m.ns)
+	}
+	return rec, err
+}
+
+// DeleteTemplate removes template name; a missing one is no error. Its
+// layer stays while a suspended sandbox made from it needs it.
+func (m *Manager) DeleteTemplate(ctx context.Context, name string) error {
+	if err := CheckTemplateName(name); err != nil {
+		return err
+	}
+	unlock := m.nameLock("template/" + name)
+	defer unlock()
+	rec, err := m.readRecord(ctx, m.templateRecordKey(name))
+	if errors.Is(err, store.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if err := m.st.Delete(ctx, m.templateRecordKey(name)); err != nil && !errors.Is(err, store.ErrNotFound) {
+		return fmt.Errorf("%w: %v", ErrStore, err)
+	}
+	m.dropTemplateLayer(ctx, rec)
+	return nil
+}
+
+// dropTemplateLayer removes a template layer that no record names any
+// more: not a snapshot (a delta onto it) and not a running sandbox made
+// from it. One still named stays; Recover removes it once it is not.
+func (m *Manager) dropTemplateLayer(ctx context.Context, rec *record) {
+	if m.templateLayerInUse(ctx, rec.Layer) {
+		return
+	}
+	m.deleteLayer(ctx, rec.Layer)
+	name := localTemplateName(rec.Digest)
+	if m.l.Templates() {
+		if err := m.l.RemoveTemplate(ctx, name); err == nil || errors.Is(err, ErrNotFound) {
+			m.setImported(name, false)
+		}
+	}
+}
+
+// templateLayerInUse reports whether a snapshot record or a running
+// sandbox names the template layer key (an unreadable store counts as in
+// use: nothing is removed on a doubt).
+func (m *Manager) templateLayerInUse(ctx context.Context, key string) bool {
+	m.mu.Lock()
+	held := m.baseRefs[key] > 0
+	m.mu.Unlock()
+	if held {
+		return true
+	}
+	recs, err := m.snapshotRecords(ctx)
+	if err != nil {
+		return true
+	}
+	for _, r := range recs {
+		if r.Base == key {
+			return true
+		}
+	}
+	return false
+}
