@@ -56,9 +56,26 @@ type LauncherConfig struct {
 	Logger *slog.Logger
 }
 
-// Launcher drives a sandbox CLI by argv, never through a shell. It does not
-// trust the CLI's exit status for a command's (Cloud Run's is 1 for every
-// failure): commands run through the agent, which reports them exactly.
+// Launcher drives a sandbox CLI by argv, never through a shell.
+//
+// What went wrong. A failed verb is a *CLIError (errors.As) carrying the
+// CLI's output for messages. With `sandgate sandbox` it also matches the
+// sentinel its exit status stands for (localbox.ExitCode): errors.Is(err,
+// ErrExists), ErrNotFound, ErrBusy, ErrNotRunning, ErrRunning, ErrBadInput,
+// so a caller (an HTTP API: 409, 404) branches without parsing text. With
+// Google's CLI it matches none of them: that CLI exits with one status for
+// every failure (its reference says 1 for CLI errors and for any command's
+// non-zero status), and its messages are not a documented interface, so
+// the launcher does not guess from text. There the caller knows which ids
+// exist from its own registry of the sandboxes it made; only ErrBadInput
+// (an id the launcher refuses before running the CLI) is typed.
+//
+// A command's exit status never comes from the CLI's. The launcher never
+// runs a user's command with the CLI: it runs one process per sandbox,
+// `sandbox exec ID -- sandgate agent`, and every command goes over that
+// agent's link, which reports its exit code and signal itself
+// (agent.ExitStatus). The CLI's own status only says how that link
+// process ended.
 type Launcher struct {
 	argv   []string // the CLI and any leading arguments before the verb
 	env    []string // the CLI's whole environment: nothing of the service leaks
@@ -275,9 +292,19 @@ func (l *Launcher) do(ctx context.Context, args ...string) error {
 		if msg == "" {
 			msg = err.Error()
 		}
-		return &CLIError{Verb: args[0], Args: args[1:], Output: msg, Err: err}
+		return &CLIError{Verb: args[0], Args: args[1:], Output: msg, Err: err, Kind: l.kind(err)}
 	}
 	return nil
+}
+
+// kind is the sentinel a CLI process's exit stands for: the table of
+// `sandgate sandbox` (localbox.ExitCode), nothing for Google's CLI.
+func (l *Launcher) kind(err error) error {
+	var ee *exec.ExitError
+	if l.google || !errors.As(err, &ee) {
+		return nil
+	}
+	return localbox.ErrorForExit(ee.ExitCode())
 }
 
 func (l *Launcher) command(ctx context.Context, args ...string) *exec.Cmd {
@@ -287,19 +314,49 @@ func (l *Launcher) command(ctx context.Context, args ...string) *exec.Cmd {
 	return cmd
 }
 
+// Errors a Launcher or a Sandbox reports, to branch on with errors.Is.
+// They are the sentinels of `sandgate sandbox` (package localbox) itself,
+// one value under two names: a failure typed by the runtime in process and
+// one typed from the CLI's exit status match the same target.
+var (
+	// ErrBadInput: the caller's mistake (a bad id, mount, size or option);
+	// nothing was changed.
+	ErrBadInput = localbox.ErrBadInput
+	// ErrNotFound: no sandbox has that id.
+	ErrNotFound = localbox.ErrNotFound
+	// ErrExists: create or fork named an id that is already taken.
+	ErrExists = localbox.ErrExists
+	// ErrBusy: the sandbox is being created or deleted by another process.
+	ErrBusy = localbox.ErrBusy
+	// ErrNotRunning: the sandbox stopped or crashed (its agent cannot start).
+	ErrNotRunning = localbox.ErrNotRunning
+	// ErrRunning: the sandbox still runs (a delete without force).
+	ErrRunning = localbox.ErrRunning
+)
+
 // CLIError is a sandbox CLI verb that failed, with what the CLI said.
 type CLIError struct {
 	Verb   string
 	Args   []string
-	Output string
-	Err    error
+	Output string // what the CLI printed (bounded), for messages
+	Err    error  // how the process ended (*exec.ExitError)
+	// Kind is what the failure means (ErrNotFound, ErrExists, ...), from
+	// the exit status of `sandgate sandbox`; nil when unknown (any other
+	// failure, and every failure of Google's CLI).
+	Kind error
 }
 
 func (e *CLIError) Error() string {
 	return fmt.Sprintf("sandbox %s %s: %s", e.Verb, strings.Join(e.Args, " "), e.Output)
 }
 
-func (e *CLIError) Unwrap() error { return e.Err }
+// Unwrap makes errors.Is see both how the process ended and what it means.
+func (e *CLIError) Unwrap() []error {
+	if e.Kind == nil {
+		return []error{e.Err}
+	}
+	return []error{e.Err, e.Kind}
+}
 
 // limitedBuffer keeps the first cliOutputMax bytes written to it.
 type limitedBuffer struct {

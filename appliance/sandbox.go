@@ -151,7 +151,12 @@ func (s *Sandbox) connect(ctx context.Context) (*agent.Client, *link, error) {
 		Logger: s.log,
 	})
 	if err != nil {
-		k.Close()
+		k.Close() // waits for the CLI process: its exit status is known after
+		if kind := s.l.kind(k.err); kind != nil {
+			// The CLI said why it could not run the agent (the sandbox
+			// is gone, or stopped): a fact, not a hiccup of the link.
+			return nil, nil, fmt.Errorf("sandbox %s: starting its agent: %w (%w; %s)", s.id, kind, err, k.exitReason())
+		}
 		return nil, nil, fmt.Errorf("sandbox %s: starting its agent: %w (%s)", s.id, err, k.exitReason())
 	}
 	return c, k, nil
@@ -212,6 +217,21 @@ func (s *Sandbox) supervise() {
 				s.set(c, k)
 				s.log.Info("agent restarted", "attempt", n)
 				break
+			}
+			if errors.Is(err, ErrNotFound) || errors.Is(err, ErrNotRunning) {
+				// Deleted or stopped behind our back: no restart can help.
+				s.log.Error("the sandbox is gone; not restarting its agent", "err", err)
+				s.cancel(err)
+				return
+			}
+			if errors.Is(err, ErrBusy) {
+				// Another process is deleting (or creating) it: the next
+				// attempt learns which. Not a failure of the agent, so not
+				// counted; Destroy still ends the loop.
+				s.mu.Lock()
+				s.restarts--
+				s.mu.Unlock()
+				n = 1
 			}
 			s.log.Warn("restarting the agent failed", "attempt", n, "err", err)
 			select {
@@ -434,15 +454,18 @@ func (c *portConn) Close() error {
 }
 
 // ExportLayer writes the sandbox's writable layer to file as a layer tar
-// (the snapshot package reads it). Stop its processes first (KillAll) for
-// a consistent layer.
+// (bare, as both CLIs write it); snapshot.Save(ctx,
+// snapshot.StreamSource(f), ...) stores it compressed, in full or as a
+// delta against its template. Stop its processes first (KillAll) for a
+// consistent layer.
 func (s *Sandbox) ExportLayer(ctx context.Context, file string) error {
 	return s.l.Tar(ctx, s.id, file)
 }
 
 // Destroy stops the agent and every process of the sandbox, removes it,
 // and drops its kept-alive upstream connections. Egress connections in
-// progress are cut when the link goes.
+// progress are cut when the link goes. A sandbox already gone (the CLI
+// says ErrNotFound) is destroyed: nil.
 func (s *Sandbox) Destroy(ctx context.Context) error {
 	s.cancel(errDestroyed)
 	s.wg.Wait()
@@ -458,6 +481,9 @@ func (s *Sandbox) Destroy(ctx context.Context) error {
 	}
 	err := s.l.Delete(ctx, s.id)
 	s.relay.Close()
+	if errors.Is(err, ErrNotFound) {
+		return nil
+	}
 	if err != nil && !errors.Is(err, context.Canceled) {
 		return fmt.Errorf("destroying sandbox %s: %w", s.id, err)
 	}

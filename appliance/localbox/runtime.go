@@ -95,6 +95,9 @@ func (m *Runtime) Exec(ctx context.Context, id string, opts ExecOptions) (*Proce
 	if err != nil {
 		return nil, err
 	}
+	if inf.State == Creating { // or being deleted: the lock is held either way
+		return nil, fmt.Errorf("%w: %q is being created or deleted", ErrBusy, id)
+	}
 	if inf.State != Running {
 		return nil, fmt.Errorf("%w: %q is %s", ErrNotRunning, id, inf.State)
 	}

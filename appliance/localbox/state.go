@@ -146,7 +146,10 @@ func readJSON(name string, v any) error {
 }
 
 // lockSandbox takes the sandbox's lock without waiting: creation and
-// deletion hold it, so they never run at once on one sandbox.
+// deletion hold it, so they never run at once on one sandbox. It is an
+// open-file-description write lock on the lock file (released when the
+// file is closed, however the holder ends), so that lockHeld can ask
+// about it without taking it.
 func lockSandbox(dir string) (*os.File, error) {
 	f, err := os.OpenFile(filepath.Join(dir, lockFile), os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
@@ -155,14 +158,32 @@ func lockSandbox(dir string) (*os.File, error) {
 		}
 		return nil, err
 	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+	lk := unix.Flock_t{Type: unix.F_WRLCK}
+	if err := unix.FcntlFlock(f.Fd(), unix.F_OFD_SETLK, &lk); err != nil {
 		f.Close()
-		if errors.Is(err, unix.EWOULDBLOCK) {
+		if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EACCES) {
 			return nil, fmt.Errorf("%w: another sandgate process is creating or deleting it; retry when it is done", ErrBusy)
 		}
 		return nil, err
 	}
 	return f, nil
+}
+
+// lockHeld reports whether a creator or deleter holds the sandbox's lock.
+// It neither takes the lock (a reader such as list or exec must never make
+// a concurrent create or delete fail as busy) nor creates the lock file (a
+// reader must never put a file back into a directory being deleted).
+func lockHeld(dir string) bool {
+	f, err := os.Open(filepath.Join(dir, lockFile))
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	lk := unix.Flock_t{Type: unix.F_WRLCK}
+	if err := unix.FcntlFlock(f.Fd(), unix.F_OFD_GETLK, &lk); err != nil {
+		return false
+	}
+	return lk.Type != unix.F_UNLCK
 }
 
 // procStartTime returns field 22 of /proc/pid/stat and whether the process
@@ -214,12 +235,8 @@ func (m *Runtime) info(id string) (Info, *Config, *runState, error) {
 		if st, err := os.Stat(dir); err == nil {
 			inf.Created = st.ModTime().UTC()
 		}
-		if f, err := lockSandbox(dir); err != nil {
-			if errors.Is(err, ErrBusy) {
-				inf.State = Creating
-			}
-		} else {
-			f.Close()
+		if lockHeld(dir) {
+			inf.State = Creating
 		}
 		return inf, nil, nil, nil
 	}
@@ -237,12 +254,8 @@ func (m *Runtime) info(id string) (Info, *Config, *runState, error) {
 		inf.Pid = rs.Pid
 	default:
 		inf.State = Crashed
-		if f, err := lockSandbox(dir); err != nil {
-			if errors.Is(err, ErrBusy) {
-				inf.State = Creating
-			}
-		} else {
-			f.Close()
+		if lockHeld(dir) {
+			inf.State = Creating
 		}
 	}
 	return inf, &cfg, &rs, nil

@@ -37,9 +37,22 @@ func sandboxCommand() *cli.Command {
 		&cli.StringFlag{Name: "tmp-size", Value: "512m", Usage: "size `BYTES` of the /tmp tmpfs (its pages count against --memory)"},
 		&cli.StringFlag{Name: "shm-size", Value: "64m", Usage: "size `BYTES` of the /dev/shm tmpfs (its pages count against --memory)"},
 	}
-	return &cli.Command{
+	cmd := &cli.Command{
 		Name:  "sandbox",
 		Usage: "run isolated sandboxes on this Linux host (the verbs of Cloud Run's sandbox CLI)",
+		Description: `Exit status, the same for every verb, so that a program driving this CLI
+learns what went wrong without reading the message:
+   0    success
+   1    any other failure (the message says what)
+   2    bad input: a bad id, flag, mount or size; nothing was changed
+ 119    the sandbox is running (delete without --force)
+ 120    no such sandbox
+ 121    the sandbox already exists (run, fork)
+ 122    the sandbox is busy: another sandgate process is creating or deleting it
+ 123    the sandbox is not running (exec into a stopped or crashed one)
+ 143    run or exec gave up 10s after forwarding SIGTERM to a stalled sandbox
+run without --detach and exec exit with CMD's own status once CMD ran
+(128+signal for a signal), which may be any of these numbers too.`,
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "state-dir", Value: localbox.DefaultStateDir, EnvVars: []string{"SANDGATE_STATE_DIR"}, Usage: "keep the sandboxes' state in `DIR`"},
 		},
@@ -96,6 +109,11 @@ deleted.`,
 			Action:       runSandboxList,
 		}},
 	}
+	for _, sub := range cmd.Subcommands {
+		action := sub.Action
+		sub.Action = func(c *cli.Context) error { return sandboxErr(action(c)) }
+	}
+	return cmd
 }
 
 // repeated is a repeatable flag whose values are kept whole: urfave/cli's
@@ -117,10 +135,17 @@ func sandboxRuntime(c *cli.Context) (*localbox.Runtime, error) {
 	return localbox.NewRuntime(c.String("state-dir"))
 }
 
-// sandboxErr turns the package's input errors into exit 2.
+// sandboxErr gives an error of the sandbox runtime its exit status
+// (localbox.ExitCode: 2 for bad input, 119-123 for the sandbox's state).
+// Every verb's error passes through it; one that already carries a
+// status (a command's, a usage error) keeps it.
 func sandboxErr(err error) error {
-	if errors.Is(err, localbox.ErrBadInput) {
-		return &exitError{code: exitBadInput, err: err}
+	var ee *exitError
+	if err == nil || errors.As(err, &ee) {
+		return err
+	}
+	if code := localbox.ExitCode(err); code != localbox.ExitFailure {
+		return &exitError{code: code, err: err}
 	}
 	return err
 }

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/sandgate/sandgate/appliance/localbox"
 )
 
@@ -94,5 +96,65 @@ func TestSandboxCLI(t *testing.T) {
 	}
 	if _, out, _ := sandboxCLI(t, state, nil, "list"); strings.Count(out, "\n") != 1 {
 		t.Errorf("list after delete: %q", out)
+	}
+}
+
+// TestSandboxCLIExitCodes: each failure the runtime types has its own exit
+// status (localbox.ExitCode), the same the help text and README list, and
+// a command's own status still passes through exec.
+func TestSandboxCLIExitCodes(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("sandboxes need root (namespaces, overlayfs, cgroups): run the tests as root")
+	}
+	state := t.TempDir()
+	t.Cleanup(func() {
+		for _, id := range []string{"ec", "ec-stopped"} {
+			sandboxCLI(t, state, nil, "delete", "--force", id)
+		}
+	})
+	if code, _, errOut := sandboxCLI(t, state, nil, "run", "ec", "--detach", "--", "sleep", "infinity"); code != 0 {
+		t.Fatalf("run: %d %q", code, errOut)
+	}
+	if code, _, errOut := sandboxCLI(t, state, nil, "run", "ec-stopped", "--", "true"); code != 0 {
+		t.Fatalf("run: %d %q", code, errOut)
+	}
+	held := filepath.Join(state, "held")
+	if err := os.Mkdir(held, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	lock, err := os.OpenFile(filepath.Join(held, "lock"), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Close()
+	if err := unix.FcntlFlock(lock.Fd(), unix.F_OFD_SETLK, &unix.Flock_t{Type: unix.F_WRLCK}); err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(t.TempDir(), "l.tar")
+	for _, tc := range []struct {
+		args []string
+		code int
+		says string
+	}{
+		{[]string{"run", "bad_id", "--", "true"}, localbox.ExitBadInput, "must match"},
+		{[]string{"delete", "ec"}, localbox.ExitRunning, "is running"},
+		{[]string{"exec", "nobody", "--", "true"}, localbox.ExitNotFound, "no such sandbox"},
+		{[]string{"tar", "nobody", "--file=" + file}, localbox.ExitNotFound, "no such sandbox"},
+		{[]string{"fork", "nobody", "other", "--detach"}, localbox.ExitNotFound, "no such sandbox"},
+		{[]string{"delete", "--force", "nobody"}, localbox.ExitNotFound, "no such sandbox"},
+		{[]string{"run", "ec", "--detach", "--", "true"}, localbox.ExitExists, "already exists"},
+		{[]string{"fork", "ec-stopped", "ec", "--detach"}, localbox.ExitExists, "already exists"},
+		{[]string{"tar", "held", "--file=" + file}, localbox.ExitBusy, "busy"},
+		{[]string{"exec", "held", "--", "true"}, localbox.ExitBusy, "busy"},
+		{[]string{"exec", "ec-stopped", "--", "true"}, localbox.ExitNotRunning, "not running"},
+		{[]string{"exec", "ec", "--", "sh", "-c", "exit 120"}, 120, ""}, // the command's own
+	} {
+		code, _, errOut := sandboxCLI(t, state, nil, tc.args...)
+		if code != tc.code || !strings.Contains(errOut, tc.says) {
+			t.Errorf("%v: exit %d %q, want %d and %q", tc.args, code, errOut, tc.code, tc.says)
+		}
+	}
+	if code, out, _ := sandboxCLI(t, state, nil, "--help"); code != 0 || !strings.Contains(out, "120    no such sandbox") {
+		t.Errorf("help does not list the exit statuses: %d %q", code, out)
 	}
 }

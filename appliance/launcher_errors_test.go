@@ -1,0 +1,129 @@
+package appliance
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sandgate/sandgate/appliance/agent"
+	"github.com/sandgate/sandgate/internal/gobuild"
+)
+
+// TestLauncherErrorsTyped: each failure of `sandgate sandbox` reaches the
+// launcher's caller as the sentinel it means (from the CLI's exit status,
+// not its text), still a *CLIError with the CLI's message.
+func TestLauncherErrorsTyped(t *testing.T) {
+	skipUnlessSandboxes(t)
+	bin := gobuild.Sandgate(t)
+	state := t.TempDir()
+	l, err := NewLauncher(LauncherConfig{CLI: bin, StateDir: state, AgentBinary: bin})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	t.Cleanup(func() {
+		for _, id := range []string{"typed", "typed-copy"} {
+			l.Delete(context.Background(), id)
+		}
+	})
+	is := func(what string, err, want error) {
+		t.Helper()
+		var ce *CLIError
+		if !errors.Is(err, want) || !errors.As(err, &ce) || ce.Kind != want || ce.Output == "" {
+			t.Fatalf("%s: %v (%T), want a *CLIError matching %v", what, err, err, want)
+		}
+		for _, other := range []error{ErrNotFound, ErrExists, ErrBusy, ErrNotRunning, ErrRunning, ErrBadInput} {
+			if other != want && errors.Is(err, other) {
+				t.Fatalf("%s: %v also matches %v", what, err, other)
+			}
+		}
+	}
+
+	if err := l.Create(ctx, "typed", CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	is("create of a taken id", l.Create(ctx, "typed", CreateOptions{}), ErrExists)
+	if err := l.Fork(ctx, "typed", "typed-copy"); err != nil {
+		t.Fatal(err)
+	}
+	is("fork onto a taken id", l.Fork(ctx, "typed", "typed-copy"), ErrExists)
+	file := filepath.Join(t.TempDir(), "layer.tar")
+	is("tar of an unknown id", l.Tar(ctx, "nobody", file), ErrNotFound)
+	is("fork of an unknown id", l.Fork(ctx, "nobody", "typed-2"), ErrNotFound)
+	is("delete of an unknown id", l.Delete(ctx, "nobody"), ErrNotFound)
+
+	// Busy: another process holds the sandbox's lock while creating it.
+	busy := filepath.Join(state, "held")
+	if err := os.Mkdir(busy, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	lock, err := os.OpenFile(filepath.Join(busy, "lock"), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.FcntlFlock(lock.Fd(), unix.F_OFD_SETLK, &unix.Flock_t{Type: unix.F_WRLCK}); err != nil {
+		t.Fatal(err)
+	}
+	is("tar of a sandbox being created", l.Tar(ctx, "held", file), ErrBusy)
+	lock.Close()
+	os.RemoveAll(busy)
+
+	// Bad input is refused before the CLI runs: typed, but no CLIError.
+	if err := l.Create(ctx, "bad_id", CreateOptions{}); !errors.Is(err, ErrBadInput) {
+		t.Fatalf("create of a bad id: %v", err)
+	}
+
+	for _, id := range []string{"typed", "typed-copy"} {
+		if err := l.Delete(ctx, id); err != nil {
+			t.Fatalf("delete %s: %v", id, err)
+		}
+	}
+}
+
+// TestExitCodesComeFromTheAgent: a command's exit status is what the agent
+// reports, never read from the sandbox CLI's: a command exiting with each
+// status the CLI uses for its own failures is just that command's status.
+func TestExitCodesComeFromTheAgent(t *testing.T) {
+	e := newEnv(t)
+	for _, code := range []int{1, 2, 119, 120, 121, 122, 123, 137} {
+		st, err := e.sb.Run(e.ctx(), agent.Cmd{Args: []string{"/bin/sh", "-c", fmt.Sprintf("exit %d", code)}})
+		if err != nil || st.Code != code || st.Signal != 0 {
+			t.Errorf("exit %d: got %v, %v", code, st, err)
+		}
+	}
+	st, err := e.sb.Run(e.ctx(), agent.Cmd{Args: []string{"/bin/sh", "-c", "kill -KILL $$"}})
+	if err != nil || st.Signal != unix.SIGKILL {
+		t.Errorf("a command killed by SIGKILL: %v, %v", st, err)
+	}
+}
+
+// TestSandboxDeletedBehindItsBack: when the sandbox is deleted by someone
+// else, its agent is not restarted in vain: operations fail with
+// ErrNotFound, and Destroy, finding it gone, succeeds.
+func TestSandboxDeletedBehindItsBack(t *testing.T) {
+	e := newEnv(t)
+	cmd := exec.Command(gobuild.Sandgate(t), "sandbox", "delete", "--force", e.sb.ID())
+	cmd.Env = append(os.Environ(), "SANDGATE_STATE_DIR="+e.state)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("delete behind its back: %v %s", err, out)
+	}
+	var err error
+	waitFor(t, "operations to report the sandbox gone", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_, err = e.sb.Run(ctx, agent.Cmd{Args: []string{"true"}})
+		return errors.Is(err, ErrNotFound)
+	})
+	if !strings.Contains(err.Error(), e.sb.ID()) {
+		t.Errorf("the error does not name the sandbox: %v", err)
+	}
+}
