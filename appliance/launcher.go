@@ -247,26 +247,6 @@ func (l *Launcher) List(ctx context.Context) ([]localbox.Info, error) {
 	return infos, nil
 }
 
-// output runs one CLI verb and returns its standard output (bounded);
-// a failure is a *CLIError as do's.
-func (l *Launcher) output(ctx context.Context, args ...string) ([]byte, error) {
-	cmd := l.command(ctx, args...)
-	var out bytes.Buffer
-	var errOut limitedBuffer
-	cmd.Stdout, cmd.Stderr = &out, &errOut
-	if err := cmd.Run(); err != nil {
-		if ctx.Err() != nil {
-			return nil, fmt.Errorf("sandbox %s: %w", args[0], context.Cause(ctx))
-		}
-		msg := strings.TrimSpace(errOut.String())
-		if msg == "" {
-			msg = err.Error()
-		}
-		return nil, &CLIError{Verb: args[0], Args: args[1:], Output: msg, Err: err}
-	}
-	return out.Bytes(), nil
-}
-
 // Delete stops every process of sandbox id and removes it.
 func (l *Launcher) Delete(ctx context.Context, id string) error {
 	return l.do(ctx, "delete", id, "--force")
@@ -278,23 +258,43 @@ const cliOutputMax = 4 << 10
 // do runs one CLI verb to completion. Its output is kept (bounded) to
 // explain a failure.
 func (l *Launcher) do(ctx context.Context, args ...string) error {
+	_, err := l.run(ctx, nil, args...)
+	return err
+}
+
+// output runs one CLI verb and returns what it printed on its standard
+// output; its standard error explains a failure.
+func (l *Launcher) output(ctx context.Context, args ...string) ([]byte, error) {
+	var out bytes.Buffer
+	return l.run(ctx, &out, args...)
+}
+
+// run runs one CLI verb to completion, its standard output into stdout
+// (nil: kept with its standard error, bounded, to explain a failure).
+func (l *Launcher) run(ctx context.Context, stdout *bytes.Buffer, args ...string) ([]byte, error) {
 	start := time.Now()
 	cmd := l.command(ctx, args...)
-	var out limitedBuffer
-	cmd.Stdout, cmd.Stderr = &out, &out
+	var msgs limitedBuffer
+	cmd.Stdout, cmd.Stderr = &msgs, &msgs
+	if stdout != nil {
+		cmd.Stdout = stdout
+	}
 	err := cmd.Run()
 	l.log.Debug("sandbox cli", "args", args, "took", time.Since(start), "err", err)
 	if err != nil {
 		if ctx.Err() != nil {
-			return fmt.Errorf("sandbox %s: %w", args[0], context.Cause(ctx))
+			return nil, fmt.Errorf("sandbox %s: %w", args[0], context.Cause(ctx))
 		}
-		msg := strings.TrimSpace(out.String())
+		msg := strings.TrimSpace(msgs.String())
 		if msg == "" {
 			msg = err.Error()
 		}
-		return &CLIError{Verb: args[0], Args: args[1:], Output: msg, Err: err, Kind: l.kind(err)}
+		return nil, &CLIError{Verb: args[0], Args: args[1:], Output: msg, Err: err, Kind: l.kind(err)}
 	}
-	return nil
+	if stdout == nil {
+		return nil, nil
+	}
+	return stdout.Bytes(), nil
 }
 
 // kind is the sentinel a CLI process's exit stands for: the table of

@@ -48,10 +48,10 @@ func TestLauncherErrorsTyped(t *testing.T) {
 		}
 	}
 
-	if err := l.Create(ctx, "typed", CreateOptions{}); err != nil {
+	if err := l.Create(ctx, "typed", LaunchOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	is("create of a taken id", l.Create(ctx, "typed", CreateOptions{}), ErrExists)
+	is("create of a taken id", l.Create(ctx, "typed", LaunchOptions{}), ErrExists)
 	if err := l.Fork(ctx, "typed", "typed-copy"); err != nil {
 		t.Fatal(err)
 	}
@@ -78,7 +78,7 @@ func TestLauncherErrorsTyped(t *testing.T) {
 	os.RemoveAll(busy)
 
 	// Bad input is refused before the CLI runs: typed, but no CLIError.
-	if err := l.Create(ctx, "bad_id", CreateOptions{}); !errors.Is(err, ErrBadInput) {
+	if err := l.Create(ctx, "bad_id", LaunchOptions{}); !errors.Is(err, ErrBadInput) {
 		t.Fatalf("create of a bad id: %v", err)
 	}
 
