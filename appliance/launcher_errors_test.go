@@ -127,3 +127,40 @@ func TestSandboxDeletedBehindItsBack(t *testing.T) {
 		t.Errorf("the error does not name the sandbox: %v", err)
 	}
 }
+
+// TestGoogleCLIFailuresUntyped: Google's CLI exits with one status for
+// every failure, so the launcher types none of them, even a status that
+// means "not found" from `sandgate sandbox`; the same status from a
+// sandgate CLI is typed.
+func TestGoogleCLIFailuresUntyped(t *testing.T) {
+	dir := t.TempDir()
+	script := "#!/bin/sh\necho 'something failed' >&2\nexit 120\n"
+	google := filepath.Join(dir, "google", "sandbox") // the launcher knows Google's CLI by its name
+	ours := filepath.Join(dir, "ours", "sandgate")
+	for _, p := range []string{google, ours} {
+		os.MkdirAll(filepath.Dir(p), 0o755)
+		if err := os.WriteFile(p, []byte(script), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tc := range []struct {
+		cli      string
+		isGoogle bool
+	}{{google, true}, {ours, false}} {
+		l, err := NewLauncher(LauncherConfig{CLI: tc.cli, AgentBinary: ours})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if l.Google() != tc.isGoogle {
+			t.Fatalf("%s: Google() = %v", tc.cli, l.Google())
+		}
+		err = l.Delete(context.Background(), "some-id")
+		var ce *CLIError
+		if !errors.As(err, &ce) || !strings.Contains(ce.Output, "something failed") {
+			t.Fatalf("%s: %v, want a *CLIError with the output", tc.cli, err)
+		}
+		if typed := errors.Is(err, ErrNotFound); typed == tc.isGoogle {
+			t.Errorf("%s: errors.Is(err, ErrNotFound) = %v", tc.cli, typed)
+		}
+	}
+}

@@ -3,16 +3,22 @@ package snapshot
 import (
 	"errors"
 	"fmt"
+
+	"github.com/sandgate/sandgate/snapshot/store"
 )
 
 // ErrRefused is the category of every error about an archive entry that
 // extraction will not apply (traversal, device, setuid, size cap...). Test
-// with errors.Is; the concrete *EntryError names the entry.
+// with errors.Is; the concrete *EntryError names the entry. The agent's
+// refusals (agent.ErrRefused) are this same value.
 var ErrRefused = errors.New("refused")
 
-// ErrDigestMismatch reports that bytes did not hash to the digest they were
-// expected to have.
-var ErrDigestMismatch = errors.New("digest mismatch")
+// ErrDigestMismatch reports bytes that did not hash to the digest (or size)
+// they were expected to have: a layer against its manifest or ApplyOptions,
+// or an object against what its store recorded. It is store.ErrDigestMismatch
+// itself, one value under both names, so errors.Is matches whichever layer
+// found the mismatch.
+var ErrDigestMismatch = store.ErrDigestMismatch
 
 // ErrUnsupported reports a source directory the packer cannot represent
 // faithfully (for example an overlay upper using redirect_dir or metacopy).

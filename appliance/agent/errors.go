@@ -12,7 +12,7 @@ import (
 
 // Errors to branch on with errors.Is. An *Error from the agent also matches
 // the io/fs errors of its category (fs.ErrNotExist, fs.ErrExist,
-// fs.ErrPermission), os.ErrProcessDone and snapshot.ErrRefused.
+// fs.ErrPermission), os.ErrProcessDone and ErrRefused (= snapshot.ErrRefused).
 var (
 	// ErrVersionMismatch: the agent and the service speak different
 	// protocol versions.
@@ -25,8 +25,9 @@ var (
 	ErrTooLarge = errors.New("over the size cap")
 	// ErrRefused: the agent refused a request as unsafe or invalid
 	// (a hostile tar entry, a proxy variable pointing elsewhere, a bad
-	// base URL). Tar refusals also match snapshot.ErrRefused.
-	ErrRefused = errors.New("refused")
+	// base URL). It is snapshot.ErrRefused itself: one "refused",
+	// whichever side of the link refused.
+	ErrRefused = snapshot.ErrRefused
 	// ErrUnreachable: nothing listens on the dialed port in the sandbox.
 	ErrUnreachable = errors.New("unreachable")
 )
@@ -71,7 +72,7 @@ func (e *Error) Is(target error) bool {
 	case codeInvalid:
 		return target == fs.ErrInvalid
 	case codeRefused:
-		return target == ErrRefused || target == snapshot.ErrRefused
+		return target == ErrRefused
 	case codeTooLarge:
 		return target == ErrTooLarge
 	case codeDone:
@@ -102,7 +103,7 @@ func toWire(err error) *wireError {
 		code = codeExists
 	case errors.Is(err, fs.ErrPermission):
 		code = codePermission
-	case errors.Is(err, snapshot.ErrRefused), errors.Is(err, ErrRefused):
+	case errors.Is(err, ErrRefused):
 		code = codeRefused
 	case errors.Is(err, ErrTooLarge):
 		code = codeTooLarge

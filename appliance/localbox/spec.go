@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path"
 	"path/filepath"
@@ -13,15 +14,18 @@ import (
 	"time"
 )
 
-// Errors callers branch on with errors.Is.
+// Errors callers branch on with errors.Is (appliance names the same
+// values). ErrNotFound also matches fs.ErrNotExist and ErrExists
+// fs.ErrExist, the categories every layer of sandgate relates its own
+// "not found" and "already exists" to (store objects, files in a sandbox).
 var (
 	// ErrBadInput marks a caller's mistake (a bad id, mount, size or
 	// option); nothing was changed.
 	ErrBadInput = errors.New("bad input")
 	// ErrNotFound: no sandbox has that id in the state directory.
-	ErrNotFound = errors.New("no such sandbox")
+	ErrNotFound error = &kindError{"no such sandbox", fs.ErrNotExist}
 	// ErrExists: run or fork named an id that is already taken.
-	ErrExists = errors.New("sandbox already exists")
+	ErrExists error = &kindError{"sandbox already exists", fs.ErrExist}
 	// ErrNotRunning: exec into a sandbox whose init is gone (stopped or
 	// crashed).
 	ErrNotRunning = errors.New("sandbox is not running")
@@ -30,6 +34,15 @@ var (
 	// ErrBusy: another sandgate process is creating or deleting the sandbox.
 	ErrBusy = errors.New("sandbox is busy")
 )
+
+// kindError is a sentinel that also matches a standard category.
+type kindError struct {
+	msg  string
+	kind error
+}
+
+func (e *kindError) Error() string        { return e.msg }
+func (e *kindError) Is(target error) bool { return target == e.kind }
 
 // MaxIDLength bounds ids: an id becomes the sandbox's host name, which the
 // kernel limits to 64 bytes.

@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"strings"
 	"time"
 )
@@ -63,19 +64,28 @@ type Info struct {
 }
 
 var (
-	// ErrNotFound reports a missing object.
-	ErrNotFound = errors.New("object not found")
+	// ErrNotFound reports a missing object. It also matches
+	// fs.ErrNotExist, the one "does not exist" every layer of sandgate
+	// relates its own to.
+	ErrNotFound error = &notExist{"object not found"}
 	// ErrPreconditionFailed reports a Put whose precondition did not hold.
 	ErrPreconditionFailed = errors.New("precondition failed")
 	// ErrDigestMismatch reports stored bytes that do not match their
-	// recorded digest, size or checksum.
-	ErrDigestMismatch = errors.New("object digest mismatch")
+	// recorded digest, size or checksum (snapshot.ErrDigestMismatch is
+	// this same value: a layer that does not match its manifest).
+	ErrDigestMismatch = errors.New("digest mismatch")
 	// ErrBadName reports a name the stores refuse.
 	ErrBadName = errors.New("bad object name")
 	// ErrBadLocation reports a store or object location that is not a
 	// path, file:///path or gs://bucket/path.
 	ErrBadLocation = errors.New("bad store location")
 )
+
+// notExist is a "not found" sentinel that also matches fs.ErrNotExist.
+type notExist struct{ msg string }
+
+func (e *notExist) Error() string        { return e.msg }
+func (e *notExist) Is(target error) bool { return target == fs.ErrNotExist }
 
 // CheckName validates an object name (see Store).
 func CheckName(name string) error {

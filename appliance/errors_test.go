@@ -1,0 +1,77 @@
+package appliance
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os/exec"
+	"path/filepath"
+	"testing"
+
+	"github.com/sandgate/sandgate/appliance/agent"
+	"github.com/sandgate/sandgate/appliance/localbox"
+	"github.com/sandgate/sandgate/snapshot"
+	"github.com/sandgate/sandgate/snapshot/store"
+)
+
+// TestOneSentinelEach: each meaning has one sentinel, whichever package
+// names it, so errors.Is matches whichever layer produced the error; and
+// "not found" / "already exists" of every layer meet in the io/fs
+// categories while each keeps its own sentinel.
+func TestOneSentinelEach(t *testing.T) {
+	for name, pair := range map[string][2]error{
+		"digest mismatch":   {snapshot.ErrDigestMismatch, store.ErrDigestMismatch},
+		"refused":           {agent.ErrRefused, snapshot.ErrRefused},
+		"no such sandbox":   {ErrNotFound, localbox.ErrNotFound},
+		"sandbox exists":    {ErrExists, localbox.ErrExists},
+		"sandbox busy":      {ErrBusy, localbox.ErrBusy},
+		"sandbox stopped":   {ErrNotRunning, localbox.ErrNotRunning},
+		"sandbox running":   {ErrRunning, localbox.ErrRunning},
+		"bad sandbox input": {ErrBadInput, localbox.ErrBadInput},
+	} {
+		if pair[0] != pair[1] {
+			t.Errorf("%s: two sentinels, %v and %v", name, pair[0], pair[1])
+		}
+	}
+
+	// Produced by each layer, matched by every name.
+	ctx := context.Background()
+	st, err := store.NewDir(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	var layer bytes.Buffer
+	if _, err := snapshot.Pack(ctx, t.TempDir(), &layer, snapshot.PackOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	_, layerErr := snapshot.Unpack(ctx, bytes.NewReader(layer.Bytes()), filepath.Join(t.TempDir(), "x"),
+		snapshot.ApplyOptions{Digest: "sha256:" + fmt.Sprintf("%064d", 0)})
+	_, objErr := st.Stat(ctx, "snapshots/none.tar.zst")
+	cliErr := &CLIError{Verb: "exec", Err: &exec.ExitError{}, Kind: localbox.ErrorForExit(localbox.ExitNotFound)}
+	agentErr := &agent.Error{Op: "tar", Code: "refused", Message: "entry \"../x\": name contains '..'"}
+	for _, tc := range []struct {
+		err  error
+		want []error
+		not  []error
+	}{
+		{layerErr, []error{snapshot.ErrDigestMismatch, store.ErrDigestMismatch}, nil},
+		{objErr, []error{store.ErrNotFound, fs.ErrNotExist}, []error{ErrNotFound}},
+		{cliErr, []error{ErrNotFound, localbox.ErrNotFound, fs.ErrNotExist}, []error{store.ErrNotFound}},
+		{fmt.Errorf("create: %w", localbox.ErrExists), []error{ErrExists, fs.ErrExist}, []error{fs.ErrNotExist}},
+		{agentErr, []error{agent.ErrRefused, snapshot.ErrRefused}, nil},
+	} {
+		for _, w := range tc.want {
+			if !errors.Is(tc.err, w) {
+				t.Errorf("%v does not match %v", tc.err, w)
+			}
+		}
+		for _, n := range tc.not {
+			if errors.Is(tc.err, n) {
+				t.Errorf("%v matches %v", tc.err, n)
+			}
+		}
+	}
+}
