@@ -383,7 +383,9 @@ func (m *Manager) Create(ctx context.Context, id string, opts CreateOptions) (sb
 // its network replaced by opts (its processes and transformations kept). A
 // suspended one is started from its snapshot with opts, and the snapshot
 // is spent only once the sandbox runs: a failed restore leaves it in place.
-// An id with neither is ErrNotFound.
+// A spent snapshot stays in the store as the sandbox's last good state
+// until its next save: if the service dies without saving it, a new
+// service finds it suspended there. An id with neither is ErrNotFound.
 func (m *Manager) Resume(ctx context.Context, id string, opts ResumeOptions) (sb *Sandbox, err error) {
 	start := time.Now()
 	var bytes int64
@@ -417,10 +419,11 @@ func (m *Manager) Resume(ctx context.Context, id string, opts ResumeOptions) (sb
 		m.unreserve()
 		return nil, err
 	}
-	// Spent: the sandbox runs from it now. A failure here leaves a stale
-	// snapshot that the next suspend replaces.
-	if err := m.deleteRecord(ctx, snapshotRecordKey(id), rec); err != nil {
-		m.log.Warn("sandbox resumed, but its snapshot could not be removed; the next suspend replaces it", "sandbox", id, "err", err)
+	// Spent: the sandbox runs from it now. It stays in the store as the
+	// sandbox's last good state until its next save replaces it.
+	rec.Spent = true
+	if err := m.writeRecord(ctx, snapshotRecordKey(id), rec); err != nil {
+		m.log.Warn("sandbox resumed, but its snapshot could not be marked spent; the next suspend replaces it", "sandbox", id, "err", err)
 	}
 	m.met.suspended.Dec()
 	return sb, nil

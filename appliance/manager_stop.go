@@ -152,6 +152,10 @@ type RecoverResult struct {
 	Failed map[string]error
 	// Removed are store objects no record names (saves cut short).
 	Removed []string
+	// LastGood are sandboxes that were running, unsaved, when the
+	// previous process ended and are not running any more: suspended at
+	// the snapshot they were last resumed from.
+	LastGood []string
 }
 
 // Recover finds what a previous process of the service left (NewManager
@@ -181,11 +185,24 @@ func (m *Manager) Recover(ctx context.Context) (RecoverResult, error) {
 	if err != nil {
 		m.log.Warn("cleaning the store failed; the next start tries again", "err", err)
 	}
-	ids, err := m.suspendedIDs(ctx)
+	// Spent snapshots of sandboxes nothing runs any more (their process or
+	// instance died unsaved): suspended at their last good state.
+	recs, err := m.snapshotRecords(ctx)
 	if err != nil {
 		return res, err
 	}
-	m.met.suspended.Set(float64(len(ids)))
+	for id, rec := range recs {
+		if !rec.Spent {
+			continue
+		}
+		rec.Spent = false
+		if err := m.writeRecord(ctx, snapshotRecordKey(id), rec); err != nil {
+			return res, err
+		}
+		res.LastGood = append(res.LastGood, id)
+		m.log.Warn(fmt.Sprintf("sandbox %s was running when the previous process ended and was not saved: it is suspended at its last good state, saved %s", id, rec.Saved.Format(time.RFC3339)), "sandbox", id)
+	}
+	m.met.suspended.Set(float64(len(recs)))
 	if names, err := m.l.ListTemplates(ctx); err == nil {
 		m.tmu.Lock()
 		for _, n := range names {

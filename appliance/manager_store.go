@@ -22,7 +22,8 @@ import (
 
 // The store, as the manager lays it out:
 //
-//	snapshots/<id>.json                      the record of suspended sandbox <id>
+//	snapshots/<id>.json                      the record of suspended sandbox <id> (or,
+//	                                         spent, the last good state of a running one)
 //	snapshots/<id>/<generation>.tar.zst      its layer (+ .manifest.json beside it)
 //	templates/<ns>/<name>.json               the record of template <name>
 //	templates/<ns>/<name>/<generation>.tar.zst  its layer (+ manifest, with a file index)
@@ -69,6 +70,11 @@ type record struct {
 	Template   string    `json:"template,omitempty"` // the template's name, for people
 	Created    time.Time `json:"created"`            // the sandbox's creation (templates: the save)
 	Saved      time.Time `json:"saved"`
+	// Spent marks a snapshot the sandbox was resumed from: it runs now,
+	// and this is its last good state, kept until its next save replaces
+	// it, so that a service (or an instance) that dies without saving
+	// loses only what changed since.
+	Spent bool `json:"spent,omitempty"`
 }
 
 // baseRecord is the template layer a snapshot is a delta onto, or nil.
@@ -318,7 +324,7 @@ func (m *Manager) copySnapshot(ctx context.Context, src *record, dst string) err
 		return fmt.Errorf("%w: %v", ErrStore, err)
 	}
 	rec := *src
-	rec.Layer, rec.Created, rec.Saved = key, time.Now().UTC(), time.Now().UTC()
+	rec.Layer, rec.Created, rec.Saved, rec.Spent = key, time.Now().UTC(), time.Now().UTC(), false
 	if err := m.writeRecord(ctx, snapshotRecordKey(dst), &rec); err != nil {
 		m.deleteLayer(context.WithoutCancel(ctx), key)
 		return err

@@ -213,8 +213,12 @@ func TestLifecycle(t *testing.T) {
 			if code, out := r.sh("life", "cat /workspace/f; test -e /tmp/t || echo no-tmp"); code != 0 || out != "kept\nno-tmp\n" {
 				t.Errorf("after resume: %d %q", code, out)
 			}
-			if ids, _ := r.m.suspendedIDs(r.ctx()); len(ids) != 0 {
-				t.Errorf("the snapshot was not spent after resume: %v", ids)
+			if in, _ := r.m.Get(r.ctx(), "life"); in.State != Running {
+				t.Errorf("after resume: %q, want running", in.State)
+			}
+			// Spent, and kept as the last good state until the next save.
+			if rec, err := r.m.readRecord(r.ctx(), snapshotRecordKey("life")); err != nil || !rec.Spent {
+				t.Errorf("the snapshot after resume: %+v, %v; want it kept, spent", rec, err)
 			}
 			if err := r.m.Destroy(r.ctx(), "life"); err != nil {
 				t.Fatal(err)
@@ -349,7 +353,8 @@ func TestStoreFailuresLoseNothing(t *testing.T) {
 // it saves only what it changed.
 func TestTemplateSharedAndDeltaSmall(t *testing.T) {
 	r := newManagerRig(t, newStore(t, "dir"), nil)
-	r.create("builder", CreateOptions{})
+	r.create("builder", CreateOptions{Transforms: r.rules(t)})
+	r.sh("builder", "curl -sS -H 'X-Api-Key: sandgate-placeholder-key' $ANTHROPIC_BASE_URL/v1/y > /root/answer 2>&1")
 	// 8 MiB of incompressible bytes the sandboxes inherit.
 	if code, out := r.sh("builder", "mkdir -p /opt/tool && head -c 8388608 /dev/urandom > /opt/tool/blob && echo v1 > /opt/tool/version"); code != 0 {
 		t.Fatal(out)
@@ -359,6 +364,12 @@ func TestTemplateSharedAndDeltaSmall(t *testing.T) {
 	}
 	if ok, err := r.m.TemplateExists(r.ctx(), "tool"); !ok || err != nil {
 		t.Fatalf("TemplateExists: %v %v", ok, err)
+	}
+	if r.storeHolds(r.canary) {
+		t.Error("the canary secret is in the store after SaveTemplate")
+	}
+	if seen := strings.Join(r.seenByUpstream(), "\n"); !strings.Contains(seen, "key="+r.canary) {
+		t.Errorf("the upstream never got the swapped credential: %q", seen)
 	}
 	if err := r.m.Destroy(r.ctx(), "builder"); err != nil {
 		t.Fatal(err)
