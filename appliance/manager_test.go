@@ -108,6 +108,9 @@ func (r *mrig) create(id string, opts CreateOptions) *Sandbox {
 	if opts.Policy.Mode == "" {
 		opts.Policy = r.pol
 	}
+	if opts.BaseURLs == nil {
+		opts.BaseURLs = map[string]string{"ANTHROPIC_BASE_URL": "https://api.example.com"}
+	}
 	sb, err := r.m.Create(r.ctx(), id, opts)
 	if err != nil {
 		r.t.Fatalf("create %s: %v", id, err)
@@ -182,8 +185,11 @@ func TestLifecycle(t *testing.T) {
 				t.Fatalf("first command: %d %q", code, out)
 			}
 			// The credential is swapped on the way out, never inside.
-			if code, out := r.sh("life", "curl -sS -H 'X-Api-Key: sandgate-placeholder-key' $ANTHROPIC_BASE_URL/v1/x 2>&1 || true"); code != 0 || strings.Contains(out, r.canary) {
+			if code, out := r.sh("life", "curl -sS -H 'X-Api-Key: sandgate-placeholder-key' $ANTHROPIC_BASE_URL/v1/x"); code != 0 || out != "upstream saw GET /v1/x" {
 				t.Fatalf("route: %d %q", code, out)
+			}
+			if seen := strings.Join(r.seenByUpstream(), "\n"); !strings.Contains(seen, "key="+r.canary) {
+				t.Errorf("the upstream never got the swapped credential: %q", seen)
 			}
 			if r.state("life") != Running {
 				t.Fatalf("state %q, want running", r.state("life"))
