@@ -187,6 +187,75 @@ func (l *Launcher) Tar(ctx context.Context, id, file string) error {
 	return l.do(ctx, "tar", id, "--file="+file)
 }
 
+// TarStream streams the writable layer of sandbox id as a layer tar: read
+// it to EOF, then Close, which reports how the CLI ended (a stream cut
+// short by a failing CLI can look like a shorter layer: trust nothing read
+// until Close returned nil). `sandgate sandbox` writes it to a pipe;
+// Google's CLI writes a file in dir, which the stream reads and removes.
+func (l *Launcher) TarStream(ctx context.Context, id, dir string) (io.ReadCloser, error) {
+	if l.google {
+		f, err := os.CreateTemp(dir, "layer-"+id+"-*.tar")
+		if err != nil {
+			return nil, err
+		}
+		f.Close()
+		if err := l.Tar(ctx, id, f.Name()); err != nil {
+			os.Remove(f.Name())
+			return nil, err
+		}
+		r, err := os.Open(f.Name())
+		if err != nil {
+			os.Remove(f.Name())
+			return nil, err
+		}
+		return &layerFile{File: r}, nil
+	}
+	args := []string{"tar", id, "--file=-"}
+	cmd := l.command(ctx, args...)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	msgs := &limitedBuffer{}
+	cmd.Stderr = msgs
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	return &layerPipe{ReadCloser: out, wait: func() error {
+		err := cmd.Wait()
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("sandbox tar: %w", context.Cause(ctx))
+		}
+		msg := strings.TrimSpace(msgs.String())
+		if msg == "" {
+			msg = err.Error()
+		}
+		return &CLIError{Verb: args[0], Args: args[1:], Output: msg, Err: err, Kind: l.kind(err)}
+	}}, nil
+}
+
+// layerPipe is the CLI's standard output; Close waits for the CLI.
+type layerPipe struct {
+	io.ReadCloser
+	wait func() error
+}
+
+func (p *layerPipe) Close() error {
+	p.ReadCloser.Close()
+	return p.wait()
+}
+
+// layerFile is a layer the CLI wrote to a temporary file, removed on Close.
+type layerFile struct{ *os.File }
+
+func (f *layerFile) Close() error {
+	f.File.Close()
+	return os.Remove(f.Name())
+}
+
 // Fork starts sandbox dst, detached, from a copy of src's writable layer.
 func (l *Launcher) Fork(ctx context.Context, src, dst string) error {
 	if err := localbox.CheckID(dst); err != nil {

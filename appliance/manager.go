@@ -473,7 +473,7 @@ func (m *Manager) suspendLocked(ctx context.Context, b *box) (*record, error) {
 		restore()
 		return nil, fmt.Errorf("sandbox %s: stopping its processes before saving: %w", b.id, err)
 	}
-	rec, err := m.saveSnapshot(ctx, b, sb)
+	rec, err := m.saveSnapshot(ctx, b)
 	if err != nil {
 		restore()
 		return nil, err

@@ -221,15 +221,10 @@ func (m *Manager) recoverSandbox(ctx context.Context, id string, created time.Ti
 		// delta onto a template this process cannot name. Leave it.
 		return fmt.Errorf("no journal entry (%v): not saved; remove it with `sandgate sandbox delete --force %s` if it is not needed", err, id)
 	}
-	file, cleanup, err := m.exportLayer(ctx, id)
-	if err != nil {
-		return err
-	}
-	defer cleanup()
 	if j.Created.IsZero() {
 		j.Created = created
 	}
-	if _, err := m.saveSnapshotFile(ctx, id, file, j.Created, j.Template, j.Base); err != nil {
+	if _, err := m.saveSnapshotOf(ctx, id, j.Created, j.Template, j.Base); err != nil {
 		return err
 	}
 	if err := m.l.Delete(ctx, id); err != nil && !errors.Is(err, ErrNotFound) {

@@ -153,30 +153,22 @@ func (m *Manager) tempFile(pattern string) (string, func(), error) {
 	return f.Name(), func() { os.Remove(f.Name()) }, nil
 }
 
-// exportLayer writes sandbox id's writable layer to a temporary file, as
-// the sandbox CLI's tar verb writes it.
-func (m *Manager) exportLayer(ctx context.Context, id string) (string, func(), error) {
-	file, cleanup, err := m.tempFile("layer-" + id + "-*.tar")
+// exportLayer streams sandbox id's writable layer out of the sandbox CLI.
+// Close it when read: it says whether the CLI finished well.
+func (m *Manager) exportLayer(ctx context.Context, id string) (io.ReadCloser, error) {
+	r, err := m.l.TarStream(ctx, id, m.work)
 	if err != nil {
-		return "", nil, err
+		return nil, fmt.Errorf("sandbox %s: exporting its layer: %w", id, err)
 	}
-	if err := m.l.Tar(ctx, id, file); err != nil {
-		cleanup()
-		return "", nil, fmt.Errorf("sandbox %s: exporting its layer: %w", id, err)
-	}
-	return file, cleanup, nil
+	return r, nil
 }
 
-// saveLayer saves the layer tar in file under key: as it is, or as a delta
-// onto base (a template layer with a file index) when the tar is a full
-// layer made from it (Google's CLI: the template was imported into the
-// sandbox's layer).
-func (m *Manager) saveLayer(ctx context.Context, file, key, id string, base *record, index bool) (*snapshot.Manifest, error) {
-	f, err := os.Open(file)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
+// saveLayer saves the layer tar streamed by layer (closed here) under key:
+// as it is, or as a delta onto base (a template layer with a file index)
+// when the tar is a full layer made from it (Google's CLI: the template was
+// imported into the sandbox's layer). Nothing is saved unless the stream's
+// source ended well.
+func (m *Manager) saveLayer(ctx context.Context, layer io.ReadCloser, key, id string, base *record, index bool) (*snapshot.Manifest, error) {
 	opts := snapshot.SaveOptions{NoClobber: true, PackOptions: snapshot.PackOptions{
 		Compression: snapshot.Zstd, ImageID: m.cfg.ImageID, SandboxID: id, Index: index,
 	}}
@@ -190,7 +182,11 @@ func (m *Manager) saveLayer(ctx context.Context, file, key, id string, base *rec
 			opts.Base = bm
 		}
 	}
-	man, err := snapshot.Save(ctx, snapshot.StreamSource(f), m.st, key, opts)
+	man, err := snapshot.Save(ctx, snapshot.StreamSource(layer), m.st, key, opts)
+	if cerr := layer.Close(); err == nil && cerr != nil {
+		m.deleteLayer(context.WithoutCancel(ctx), key)
+		return nil, fmt.Errorf("sandbox %s: exporting its layer: %w", id, cerr)
+	}
 	if err != nil {
 		m.deleteLayer(context.WithoutCancel(ctx), key)
 		return nil, fmt.Errorf("%w: saving %s: %v", ErrStore, key, err)
@@ -200,18 +196,18 @@ func (m *Manager) saveLayer(ctx context.Context, file, key, id string, base *rec
 
 // saveSnapshot exports a running sandbox's layer, saves it under a new
 // generation and points its record at it.
-func (m *Manager) saveSnapshot(ctx context.Context, b *box, sb *Sandbox) (*record, error) {
-	file, cleanup, err := m.exportLayer(ctx, b.id)
+func (m *Manager) saveSnapshot(ctx context.Context, b *box) (*record, error) {
+	return m.saveSnapshotOf(ctx, b.id, b.created, b.template, b.base)
+}
+
+// saveSnapshotOf saves sandbox id's layer as its snapshot.
+func (m *Manager) saveSnapshotOf(ctx context.Context, id string, created time.Time, template string, base *record) (*record, error) {
+	layer, err := m.exportLayer(ctx, id)
 	if err != nil {
 		return nil, err
 	}
-	defer cleanup()
-	return m.saveSnapshotFile(ctx, b.id, file, b.created, b.template, b.base)
-}
-
-func (m *Manager) saveSnapshotFile(ctx context.Context, id, file string, created time.Time, template string, base *record) (*record, error) {
 	key := "snapshots/" + id + "/" + generation() + ".tar.zst"
-	man, err := m.saveLayer(ctx, file, key, id, base, false)
+	man, err := m.saveLayer(ctx, layer, key, id, base, false)
 	if err != nil {
 		return nil, err
 	}

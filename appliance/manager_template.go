@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
+	"io"
 	"time"
 
 	"github.com/sandgate/sandgate/appliance/localbox"
@@ -38,22 +38,18 @@ func (m *Manager) SaveTemplate(ctx context.Context, id, name string) (err error)
 	if b.live.Load() == nil {
 		return fmt.Errorf("%w: sandbox %q is not running", ErrNotRunning, id)
 	}
-	file, cleanup, err := m.exportLayer(ctx, id)
+	layer, err := m.exportLayer(ctx, id)
 	if err != nil {
 		return err
 	}
-	defer cleanup()
 	if b.base != nil && m.l.Templates() {
 		// The sandbox's layer is a delta onto its template: fold it.
-		merged, mcleanup, err := m.mergeFileOnto(ctx, b.base, file)
-		if err != nil {
+		if layer, err = m.foldOnto(ctx, b.base, layer); err != nil {
 			return err
 		}
-		defer mcleanup()
-		file = merged
 	}
 	key := "templates/" + m.ns + "/" + name + "/" + generation() + ".tar.zst"
-	man, err := m.saveLayer(ctx, file, key, id, nil, true)
+	man, err := m.saveLayer(ctx, layer, key, id, nil, true)
 	if err != nil {
 		return err
 	}
@@ -77,36 +73,40 @@ func (m *Manager) SaveTemplate(ctx context.Context, id, name string) (err error)
 	return nil
 }
 
-// mergeFileOnto folds the delta layer in file onto base into a new file.
-func (m *Manager) mergeFileOnto(ctx context.Context, base *record, file string) (string, func(), error) {
+// foldOnto streams the delta layer folded onto base: one full layer. Its
+// Close reports how the delta's source and the fold ended.
+func (m *Manager) foldOnto(ctx context.Context, base *record, delta io.ReadCloser) (io.ReadCloser, error) {
 	bl, err := snapshot.Load(ctx, m.st, base.Layer)
 	if err != nil {
-		return "", nil, fmt.Errorf("%w: the template layer: %v", ErrStore, err)
+		delta.Close()
+		return nil, fmt.Errorf("%w: the template layer: %v", ErrStore, err)
 	}
-	defer bl.Close()
-	d, err := os.Open(file)
-	if err != nil {
-		return "", nil, err
-	}
-	defer d.Close()
-	out, cleanup, err := m.tempFile("merged-*.tar.zst")
-	if err != nil {
-		return "", nil, err
-	}
-	f, err := os.OpenFile(out, os.O_WRONLY|os.O_TRUNC, 0o600)
-	if err != nil {
-		cleanup()
-		return "", nil, err
-	}
-	_, err = snapshot.MergeLayers(ctx, bl, d, f, snapshot.MergeOptions{})
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		cleanup()
-		return "", nil, fmt.Errorf("folding the sandbox's layer onto its template: %w", err)
-	}
-	return out, cleanup, nil
+	pr, pw := io.Pipe()
+	done := make(chan error, 1)
+	go func() {
+		_, err := snapshot.MergeLayers(ctx, bl, delta, pw, snapshot.MergeOptions{Compression: snapshot.None})
+		bl.Close()
+		if cerr := delta.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			err = fmt.Errorf("folding the sandbox's layer onto its template: %w", err)
+		}
+		pw.CloseWithError(err)
+		done <- err
+	}()
+	return &foldedLayer{PipeReader: pr, done: done}, nil
+}
+
+// foldedLayer is foldOnto's stream; Close waits for the fold.
+type foldedLayer struct {
+	*io.PipeReader
+	done chan error
+}
+
+func (f *foldedLayer) Close() error {
+	f.PipeReader.Close()
+	return <-f.done
 }
 
 // TemplateExists reports whether template name is in this service's

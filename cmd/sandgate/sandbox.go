@@ -82,7 +82,7 @@ deleted.`,
 			Usage:     "write sandbox ID's writable layer to --file",
 			ArgsUsage: "ID --file=F",
 			Flags: []cli.Flag{
-				&cli.StringFlag{Name: "file", Aliases: []string{"f"}, Usage: "write the layer to `FILE` (required)"},
+				&cli.StringFlag{Name: "file", Aliases: []string{"f"}, Usage: "write the layer to `FILE` (required; - for standard output)"},
 				&cli.StringFlag{Name: "compression", Value: "none", Usage: "compress with `ALGORITHM`: none, zstd or gzip"},
 			},
 			OnUsageError: usageError,
@@ -367,6 +367,12 @@ func runSandboxTar(c *cli.Context) error {
 	m, err := sandboxRuntime(c)
 	if err != nil {
 		return err
+	}
+	if file == "-" {
+		// Streamed: whoever reads it must check this command's status,
+		// since a stream cut short can look like a shorter layer.
+		_, err := m.Tar(c.Context, pos[0], c.App.Writer, snapshot.PackOptions{Compression: comp})
+		return sandboxErr(err)
 	}
 	tmp := file + ".tmp-sandgate"
 	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)

@@ -1,0 +1,225 @@
+// Command lifecycle measures appliance.Manager on real sandboxes over a
+// local store: see bench/lifecycle.sh.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/sandgate/sandgate/appliance"
+	"github.com/sandgate/sandgate/appliance/agent"
+	"github.com/sandgate/sandgate/bench/internal/benchkit"
+	"github.com/sandgate/sandgate/netpolicy"
+	"github.com/sandgate/sandgate/relay"
+	"github.com/sandgate/sandgate/snapshot/store"
+)
+
+func main() {
+	mb := flag.Int("mb", 650, "size of the template tree, MB")
+	small := flag.Int("small", 40000, "small files in the template tree")
+	changed := flag.Int("changed-mb", 10, "MB each sandbox writes")
+	creates := flag.Int("creates", 5, "creates of each kind, for the p50")
+	saveAll := flag.Int("saveall", 4, "sandboxes saved together by SaveAll")
+	flag.Parse()
+	if os.Geteuid() != 0 {
+		log.Fatal("lifecycle bench: run as root (sandboxes need namespaces, overlayfs, cgroups and loop devices)")
+	}
+	if err := run(*mb, *small, *changed, *creates, *saveAll); err != nil {
+		log.Fatal("lifecycle bench: ", err)
+	}
+}
+
+func run(mb, small, changedMB, creates, saveAll int) error {
+	dir, err := os.MkdirTemp("/var/tmp", "sandgate-lifecycle-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	bin, gentree := filepath.Join(dir, "sandgate"), filepath.Join(dir, "gentree")
+	fmt.Fprintln(os.Stderr, "building sandgate and the tree generator...")
+	if err := benchkit.GoBuild(bin, nil, "./cmd/sandgate"); err != nil {
+		return err
+	}
+	if err := benchkit.GoBuild(gentree, nil, "./bench/snapshot/gentree"); err != nil {
+		return err
+	}
+	state := filepath.Join(dir, "sandboxes")
+	l, err := appliance.NewLauncher(appliance.LauncherConfig{CLI: bin, AgentBinary: bin, StateDir: state})
+	if err != nil {
+		return err
+	}
+	res, err := netpolicy.NewDNSResolver(netpolicy.ResolverConfig{Servers: []string{"127.0.0.1:9"}})
+	if err != nil {
+		return err
+	}
+	defer res.Close()
+	proxy, err := relay.New(relay.Config{Decider: &netpolicy.Decider{Resolver: res}})
+	if err != nil {
+		return err
+	}
+	defer proxy.Close()
+	st, err := store.NewDir(filepath.Join(dir, "store"))
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	ctx := context.Background()
+	m, err := appliance.NewManager(ctx, appliance.ManagerConfig{
+		Launcher: l, Proxy: proxy, Store: st, Version: "bench", WorkDir: filepath.Join(dir, "work"), IdleSuspend: -1,
+	})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		infos, _ := m.List(ctx)
+		for _, in := range infos {
+			m.Destroy(ctx, in.ID)
+		}
+		names, _ := l.ListTemplates(ctx)
+		for _, n := range names {
+			l.RemoveTemplate(ctx, n)
+		}
+	}()
+	sh := func(id, script string) error {
+		sb, err := m.Sandbox(id)
+		if err != nil {
+			return err
+		}
+		var out strings.Builder
+		status, err := sb.Run(ctx, agent.Cmd{Args: []string{"/bin/sh", "-c", script}, Stdout: &out, Stderr: &out})
+		if err == nil && !status.Success() {
+			err = fmt.Errorf("%q: %v: %s", script, status, out.String())
+		}
+		return err
+	}
+	// 10 MB of new and changed files: a session's work.
+	change := fmt.Sprintf("mkdir -p /root/work && for i in $(seq 1 %d); do head -c 1048576 /dev/urandom > /root/work/f$i; done", changedMB)
+
+	fmt.Printf("sandgate lifecycle bench — %s\n\n", benchkit.Machine())
+	fmt.Fprintf(os.Stderr, "building a %d MB template in a sandbox...\n", mb)
+	if _, err := m.Create(ctx, "builder", appliance.CreateOptions{}); err != nil {
+		return err
+	}
+	if err := sh("builder", fmt.Sprintf("%s -dir /opt/agents -mb %d -small %d", gentree, mb, small)); err != nil {
+		return err
+	}
+	t0 := time.Now()
+	if err := m.SaveTemplate(ctx, "builder", "agents"); err != nil {
+		return err
+	}
+	saveTemplate := time.Since(t0)
+
+	// A full layer's save against tar | zstd -1 of the same tree.
+	upper := filepath.Join(state, "builder", "upper")
+	t0 = time.Now()
+	if out, err := exec.Command("sh", "-c", "tar -C "+upper+" -cf - . | zstd -1 -q -c > "+filepath.Join(dir, "baseline.tar.zst")).CombinedOutput(); err != nil {
+		return fmt.Errorf("tar | zstd -1: %v: %s", err, out)
+	}
+	baseline := time.Since(t0)
+	fi, _ := os.Stat(filepath.Join(dir, "baseline.tar.zst"))
+	t0 = time.Now()
+	if err := m.Suspend(ctx, "builder"); err != nil {
+		return err
+	}
+	fullSave := time.Since(t0)
+	full, _ := m.Get(ctx, "builder")
+	fmt.Printf("template: %d MB tree saved as a template in %s\n", mb, saveTemplate.Round(time.Millisecond))
+	fmt.Printf("full layer suspended in %s (%d bytes) against tar | zstd -1 in %s (%d bytes): %.2fx\n\n",
+		fullSave.Round(time.Millisecond), full.LayerBytes, baseline.Round(time.Millisecond), fi.Size(), baseline.Seconds()/fullSave.Seconds())
+	if err := m.Destroy(ctx, "builder"); err != nil {
+		return err
+	}
+
+	// Creates: from the image and from the template (the first one from
+	// the template imports it on this host, once: measured apart).
+	t0 = time.Now()
+	if _, err := m.Create(ctx, "first", appliance.CreateOptions{Template: "agents"}); err != nil {
+		return err
+	}
+	fmt.Printf("first create from the template on this host (imports it once): %s\n", time.Since(t0).Round(time.Millisecond))
+	m.Destroy(ctx, "first")
+	var fromImage, fromTemplate []time.Duration
+	for i := range creates {
+		for _, tpl := range []string{"", "agents"} {
+			id := fmt.Sprintf("c%d-%t", i, tpl != "")
+			t0 := time.Now()
+			if _, err := m.Create(ctx, id, appliance.CreateOptions{Template: tpl}); err != nil {
+				return err
+			}
+			d := time.Since(t0)
+			if tpl == "" {
+				fromImage = append(fromImage, d)
+			} else {
+				fromTemplate = append(fromTemplate, d)
+			}
+			if err := m.Destroy(ctx, id); err != nil {
+				return err
+			}
+		}
+	}
+	pi, pt := benchkit.Pct(fromImage, 50), benchkit.Pct(fromTemplate, 50)
+	fmt.Printf("create p50: from the image %s, from the %d MB template %s: %.2fx\n\n", pi.Round(time.Millisecond), mb, pt.Round(time.Millisecond), pt.Seconds()/pi.Seconds())
+
+	// Suspend and resume of a sandbox made from the template that changed
+	// 10 MB.
+	var sus, resm []time.Duration
+	var size int64
+	for i := range creates {
+		id := fmt.Sprintf("s%d", i)
+		if _, err := m.Create(ctx, id, appliance.CreateOptions{Template: "agents"}); err != nil {
+			return err
+		}
+		if err := sh(id, change); err != nil {
+			return err
+		}
+		t0 := time.Now()
+		if err := m.Suspend(ctx, id); err != nil {
+			return err
+		}
+		sus = append(sus, time.Since(t0))
+		in, _ := m.Get(ctx, id)
+		size = in.LayerBytes
+		t0 = time.Now()
+		if _, err := m.Resume(ctx, id, appliance.ResumeOptions{}); err != nil {
+			return err
+		}
+		resm = append(resm, time.Since(t0))
+		if err := sh(id, "test -s /root/work/f1 && test -d /opt/agents"); err != nil {
+			return fmt.Errorf("after resume: %w", err)
+		}
+		m.Destroy(ctx, id)
+	}
+	fmt.Printf("suspend p50 %s (target < 1 s), resume p50 %s (target < 1 s), of a sandbox that changed %d MB of the template\n",
+		benchkit.Pct(sus, 50).Round(time.Millisecond), benchkit.Pct(resm, 50).Round(time.Millisecond), changedMB)
+	fmt.Printf("suspended object %d bytes for %d MB changed: %.2fx the changed bytes (the template's %d MB are not saved again)\n\n",
+		size, changedMB, float64(size)/float64(changedMB<<20), mb)
+
+	// SaveAll of several such sandboxes, as on SIGTERM.
+	for i := range saveAll {
+		id := fmt.Sprintf("all%d", i)
+		if _, err := m.Create(ctx, id, appliance.CreateOptions{Template: "agents"}); err != nil {
+			return err
+		}
+		if err := sh(id, change); err != nil {
+			return err
+		}
+	}
+	sctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+	t0 = time.Now()
+	r := m.SaveAll(sctx)
+	took := time.Since(t0)
+	if len(r.Failed) > 0 {
+		return fmt.Errorf("SaveAll: %v", r.Failed)
+	}
+	fmt.Printf("SaveAll of %d sandboxes (each %d MB changed on the template) in %s (target < 5 s, half of Cloud Run's SIGTERM grace)\n",
+		len(r.Saved), changedMB, took.Round(time.Millisecond))
+	return nil
+}
