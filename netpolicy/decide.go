@@ -22,6 +22,7 @@ type Code string
 const (
 	CodeAllowAll     Code = "allow_all"
 	CodeAllowedHost  Code = "allowed_host"
+	CodeRouteHost    Code = "route_host"
 	CodeAllowedCIDR  Code = "allowed_cidr"
 	CodeDenyAll      Code = "deny_all"
 	CodeNoRule       Code = "no_rule"
@@ -80,6 +81,9 @@ type DecideArgs struct {
 	Host string
 	// Port is the destination port; zero means 443.
 	Port int
+	// Route says the destination is a base-URL route's, which the
+	// policy's RouteHosts admit too.
+	Route bool
 }
 
 // Decide judges a destination. A name is checked against the host rules
@@ -113,7 +117,7 @@ func (d *Decider) Decide(ctx context.Context, args DecideArgs) (Decision, error)
 	if why := localNameReason(h.Name); why != "" {
 		return deny(dec, CodeLocalName, "name:"+h.Name, fmt.Sprintf("%s is refused before any lookup: %s", h.Name, why)), nil
 	}
-	rule, code, reason := d.matchName(p, h.Name)
+	rule, code, reason := d.matchName(p, h.Name, args.Route)
 	if rule == "" {
 		return deny(dec, CodeNoRule, "", reason), nil
 	}
@@ -147,7 +151,7 @@ func (d *Decider) Decide(ctx context.Context, args DecideArgs) (Decision, error)
 
 // matchName finds the rule allowing a name. It returns an empty rule and
 // the reason for the denial when none does.
-func (d *Decider) matchName(p Policy, name string) (rule string, code Code, reason string) {
+func (d *Decider) matchName(p Policy, name string, route bool) (rule string, code Code, reason string) {
 	if p.mode() == AllowAll {
 		return "mode:allow-all", CodeAllowAll, "the allow-all policy allows every public host"
 	}
@@ -155,6 +159,13 @@ func (d *Decider) matchName(p Policy, name string) (rule string, code Code, reas
 		for _, r := range list {
 			if r.Match(name) {
 				return "allowedHosts:" + r.String(), CodeAllowedHost, fmt.Sprintf("%s matched allowed host rule %s", name, r)
+			}
+		}
+	}
+	if route {
+		for _, r := range p.RouteHosts {
+			if r.Match(name) {
+				return "routeHosts:" + r.String(), CodeRouteHost, fmt.Sprintf("%s is the host of one of the sandbox's base URLs or credential rules (%s), which routes may reach", name, r)
 			}
 		}
 	}

@@ -239,3 +239,23 @@ func TestDialPinned(t *testing.T) {
 		t.Errorf("pinControl let a connect to another address through")
 	}
 }
+
+// RouteHosts admit base-URL routes only: a CONNECT to the same host is
+// refused.
+func TestRouteHostsAdmitRoutesOnly(t *testing.T) {
+	d, srv := newTestDecider(t)
+	srv.Set("api.example.com", netip.MustParseAddr("203.0.113.9"))
+	h, err := ParseHostRule("api.example.com")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := Policy{Mode: Custom, RouteHosts: []HostRule{h}}
+	route, err := d.Decide(t.Context(), DecideArgs{Policy: p, Host: "api.example.com", Route: true})
+	if err != nil || !route.Allow || route.Code != CodeRouteHost {
+		t.Errorf("route: %+v %v, want allowed by the route host", route, err)
+	}
+	tunnel, err := d.Decide(t.Context(), DecideArgs{Policy: p, Host: "api.example.com"})
+	if err != nil || tunnel.Allow || tunnel.Code != CodeNoRule {
+		t.Errorf("CONNECT: %+v %v, want refused (no rule)", tunnel, err)
+	}
+}

@@ -30,6 +30,11 @@ type Policy struct {
 	AllowedHosts []HostRule
 	AllowedCIDRs []netip.Prefix
 	DeniedCIDRs  []netip.Prefix
+	// RouteHosts are hosts that base-URL routes may reach besides
+	// AllowedHosts (a custom policy only), and CONNECT tunnels may not:
+	// the hosts of a sandbox's base URLs and of its credential rules.
+	// The service derives them; they are not part of the JSON shape.
+	RouteHosts []HostRule
 }
 
 // HostRule is one allowed host: an exact name, or "*.suffix" for every name

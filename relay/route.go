@@ -82,7 +82,7 @@ func scrubNotes(ev *audit.Event, applied transforms.Applied) {
 // forward does the work of route; ev is filled as it goes. An error means
 // nothing has been written to the sandbox yet.
 func (cc *clientConn) forward(ctx context.Context, req *http.Request, t target, ev *audit.Event, body *countingBody, applied *transforms.Applied) (bool, error) {
-	dec, err := cc.p.cfg.Decider.Decide(ctx, netpolicy.DecideArgs{Policy: cc.sb.Policy(), Host: t.host, Port: t.port})
+	dec, err := cc.p.cfg.Decider.Decide(ctx, netpolicy.DecideArgs{Policy: cc.sb.Policy(), Host: t.host, Port: t.port, Route: true})
 	fillDecision(ev, dec)
 	if err != nil {
 		return false, err
