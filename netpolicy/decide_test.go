@@ -244,7 +244,7 @@ func TestDialPinned(t *testing.T) {
 // refused.
 func TestRouteHostsAdmitRoutesOnly(t *testing.T) {
 	d, srv := newTestDecider(t)
-	srv.Set("api.example.com", netip.MustParseAddr("203.0.113.9"))
+	srv.Set("api.example.com", netip.MustParseAddr("8.8.4.4"))
 	h, err := ParseHostRule("api.example.com")
 	if err != nil {
 		t.Fatal(err)
