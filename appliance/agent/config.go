@@ -62,6 +62,9 @@ type Config struct {
 	// upstream): variable name → https URL. An empty URL declares a
 	// variable that is rewritten only when a command sets it.
 	BaseURLs map[string]string `json:"baseUrls,omitempty"`
+	// OnlyBaseURLs makes BaseURLs the whole set: DefaultBaseURLs are not
+	// added (a service configured with other base URLs, or none).
+	OnlyBaseURLs bool `json:"onlyBaseUrls,omitempty"`
 	// KillScope: see KillSandbox (the default) and KillDescendants.
 	KillScope KillScope `json:"killScope,omitempty"`
 }
@@ -105,6 +108,9 @@ func (c Config) resolve() (*resolved, error) {
 		return nil, invalid("config home %q: want an absolute path such as /root", r.home)
 	}
 	r.baseURLs = DefaultBaseURLs()
+	if c.OnlyBaseURLs {
+		r.baseURLs = map[string]string{}
+	}
 	for k, v := range c.BaseURLs {
 		if !validEnvName(k) {
 			return nil, invalid("config baseUrls: %q is not an environment variable name (letters, digits and _, not starting with a digit)", k)
@@ -161,7 +167,7 @@ func isProxyVar(k string) bool {
 
 // loopbackNoProxy are the NO_PROXY entries every command has: requests to
 // the relay's own routes must go to it directly, not through it as a proxy.
-var loopbackNoProxy = []string{"localhost", "127.0.0.1", "::1"}
+var loopbackNoProxy = []string{"localhost", "127.0.0.1"}
 
 // routeFor rewrites a base URL to the relay route that reaches it:
 // https://api.example.com/v1 → http://<relay>/https/api.example.com/v1.
@@ -205,6 +211,8 @@ func (r *resolved) commandEnv(relay string, set []string) ([]string, error) {
 	env := map[string]string{
 		"PATH":                          r.path,
 		"HOME":                          r.home,
+		"LANG":                          "C.UTF-8",
+		"NODE_USE_ENV_PROXY":            "1", // Node.js 24's fetch honours the proxy variables
 		"IS_SANDBOX":                    "1",
 		"npm_config_side_effects_cache": "false",
 	}

@@ -89,12 +89,14 @@ func TestEnvExact(t *testing.T) {
 		"HTTPS_PROXY=" + relay,
 		"HTTP_PROXY=" + relay,
 		"IS_SANDBOX=1",
-		"NO_PROXY=internal.example,localhost,127.0.0.1,::1",
+		"NO_PROXY=internal.example,localhost,127.0.0.1",
+		"LANG=C.UTF-8",
+		"NODE_USE_ENV_PROXY=1",
 		"OPENAI_BASE_URL=" + relay + "/https/api.openai.com/v1",
 		"PATH=/usr/bin:/bin",
 		"http_proxy=" + relay,
 		"https_proxy=" + relay,
-		"no_proxy=internal.example,localhost,127.0.0.1,::1",
+		"no_proxy=internal.example,localhost,127.0.0.1",
 		"npm_config_side_effects_cache=false",
 	}
 	slices.Sort(want)
