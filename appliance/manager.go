@@ -429,6 +429,24 @@ func (m *Manager) Resume(ctx context.Context, id string, opts ResumeOptions) (sb
 	return sb, nil
 }
 
+// SetNetwork replaces running sandbox id's network: every new connection
+// is judged by the new policy at once, and new commands get the new base
+// URLs.
+func (m *Manager) SetNetwork(ctx context.Context, id string, n Network) error {
+	b, release, err := m.acquire(ctx, id)
+	if err != nil {
+		return err
+	}
+	defer release()
+	sb := b.live.Load()
+	if sb == nil {
+		return fmt.Errorf("%w: sandbox %q is not running", ErrNotRunning, id)
+	}
+	b.network = n
+	sb.setNetwork(n)
+	return nil
+}
+
 // Suspend saves sandbox id's layer to the store and removes the sandbox:
 // its processes are stopped, its layer exported and saved (compressed,
 // with its digest and manifest; a save cut short leaves nothing a resume

@@ -295,6 +295,17 @@ func (s *Sandbox) Idle(now time.Time) time.Duration {
 	return max(now.Sub(last), 0)
 }
 
+// RelayAddr is the address of the sandbox's relay listener as its commands
+// reach it ("127.0.0.1:3128"), or "" while its agent is down.
+func (s *Sandbox) RelayAddr() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cur == nil {
+		return ""
+	}
+	return s.cur.Info().RelayAddr
+}
+
 // Context ends when the sandbox is destroyed, or when its agent could not
 // be restarted (context.Cause says why).
 func (s *Sandbox) Context() context.Context { return s.ctx }

@@ -8,6 +8,7 @@ import (
 	"context"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -145,6 +146,45 @@ type Rings struct {
 	size int
 	mu   sync.Mutex
 	by   map[string]*ring
+	subs map[string]map[*Follower]struct{}
+}
+
+// Follower receives a sandbox's events as they are recorded (Rings.Follow).
+type Follower struct {
+	// C delivers the events. It is buffered; when a reader falls that far
+	// behind, events are dropped and counted in Dropped rather than the
+	// proxy waiting for it.
+	C       chan Event
+	dropped atomic.Int64
+}
+
+// Dropped counts the events C could not take.
+func (f *Follower) Dropped() int64 { return f.dropped.Load() }
+
+// followBuffer is how many events a Follower holds before dropping.
+const followBuffer = 1024
+
+// Follow returns a Follower of sandbox's events from now on, and a func
+// that stops it.
+func (r *Rings) Follow(sandbox string) (*Follower, func()) {
+	f := &Follower{C: make(chan Event, followBuffer)}
+	r.mu.Lock()
+	if r.subs == nil {
+		r.subs = map[string]map[*Follower]struct{}{}
+	}
+	if r.subs[sandbox] == nil {
+		r.subs[sandbox] = map[*Follower]struct{}{}
+	}
+	r.subs[sandbox][f] = struct{}{}
+	r.mu.Unlock()
+	return f, func() {
+		r.mu.Lock()
+		delete(r.subs[sandbox], f)
+		if len(r.subs[sandbox]) == 0 {
+			delete(r.subs, sandbox)
+		}
+		r.mu.Unlock()
+	}
 }
 
 type ring struct {
@@ -174,6 +214,13 @@ func (r *Rings) Record(e Event) {
 	rg.next = (rg.next + 1) % len(rg.buf)
 	if rg.next == 0 {
 		rg.full = true
+	}
+	for f := range r.subs[e.Sandbox] {
+		select {
+		case f.C <- e:
+		default:
+			f.dropped.Add(1)
+		}
 	}
 }
 

@@ -103,3 +103,20 @@ func value(t *testing.T, c prometheus.Metric) float64 {
 	}
 	return m.Gauge.GetValue()
 }
+
+func TestFollow(t *testing.T) {
+	r := NewRings(4)
+	f, stop := r.Follow("a")
+	r.Record(Event{Sandbox: "b", Path: "other"})
+	r.Record(Event{Sandbox: "a", Path: "1"})
+	if e := <-f.C; e.Path != "1" {
+		t.Errorf("followed %q", e.Path)
+	}
+	stop()
+	r.Record(Event{Sandbox: "a", Path: "2"})
+	select {
+	case e := <-f.C:
+		t.Errorf("after stop: %q", e.Path)
+	default:
+	}
+}

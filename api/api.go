@@ -1,0 +1,81 @@
+// Package api is the wire of sandgate's HTTP service: protocol 1 of
+// ai-sdk-sandbox-cloud-run (the routes, headers, bodies and exec frames its
+// TypeScript client speaks) and sandgate's own routes beside it under /v1.
+// The server is api/server; the Go client is api/client.
+package api
+
+import "time"
+
+// ProtocolVersion is the protocol the service speaks and the client sends.
+const ProtocolVersion = 1
+
+// Headers of every request and response.
+const (
+	// HeaderProtocol carries the protocol version: the client sends it on
+	// every call, the service on every reply.
+	HeaderProtocol = "X-Ai-Sdk-Sandbox-Protocol"
+	// HeaderToken carries the service token, when the service has one.
+	HeaderToken = "X-Ai-Sdk-Sandbox-Token"
+	// HeaderProcessID names the process an exec response streams.
+	HeaderProcessID = "X-Process-Id"
+	// HeaderLayerDigest is the sha256 of a workspace tar, as a trailer
+	// of the response that streams it ("sha256:<hex>").
+	HeaderLayerDigest = "X-Sandgate-Sha256"
+)
+
+// MaxJSONBody bounds a JSON request body (and exec's first line).
+const MaxJSONBody = 1 << 20
+
+// Description is what create and resume answer: the sandbox's name, home
+// and working directory.
+type Description struct {
+	Name             string `json:"name"`
+	Home             string `json:"home"`
+	WorkingDirectory string `json:"workingDirectory"`
+}
+
+// Health is GET /health's answer.
+type Health struct {
+	Status   string `json:"status"`
+	Protocol int    `json:"protocol"`
+	Version  string `json:"version"`
+}
+
+// Error is the body of every error reply.
+type Error struct {
+	Error string `json:"error"`
+}
+
+// ExecRequest is the first line of an exec request; the command's stdin
+// follows it.
+type ExecRequest struct {
+	Command          string            `json:"command"`
+	WorkingDirectory string            `json:"workingDirectory,omitempty"`
+	Env              map[string]string `json:"env,omitempty"`
+}
+
+// ProcessState is the wait route's answer: an exit code, or still running.
+type ProcessState struct {
+	ExitCode *int `json:"exitCode,omitempty"`
+	Running  bool `json:"running,omitempty"`
+}
+
+// Sandbox describes a sandbox (GET /v1/sandboxes, /v1/sandboxes/{name}).
+type Sandbox struct {
+	Name       string            `json:"name"`
+	State      string            `json:"state"` // starting, running, suspending, suspended
+	Created    time.Time         `json:"created"`
+	LastActive *time.Time        `json:"lastActive,omitempty"`
+	LayerBytes int64             `json:"layerBytes"`
+	Template   string            `json:"template,omitempty"`
+	Ports      []int             `json:"ports,omitempty"` // ports with a tunnel or bridge open now
+	Policy     any               `json:"policy,omitempty"`
+	BaseURLs   map[string]string `json:"baseUrls,omitempty"`
+	Home       string            `json:"home"`
+	WorkDir    string            `json:"workingDirectory"`
+}
+
+// SandboxList is GET /v1/sandboxes's answer.
+type SandboxList struct {
+	Sandboxes []Sandbox `json:"sandboxes"`
+}
