@@ -4,6 +4,7 @@ go 1.26.0
 
 require (
 	cloud.google.com/go/storage v1.71.0
+	github.com/coder/websocket v1.8.15
 	github.com/elastic/go-seccomp-bpf v1.6.0
 	github.com/fsouza/fake-gcs-server v1.56.1
 	github.com/hashicorp/yamux v0.1.2

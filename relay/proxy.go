@@ -100,6 +100,11 @@ type Proxy struct {
 	// under it, so that ending a Serve context lets them finish.
 	hard     context.Context
 	hardStop context.CancelCauseFunc
+	// soft ends when Shutdown is called: Serve stops accepting and idle
+	// connections close, as when a Serve context ends.
+	soft     context.Context
+	softStop context.CancelCauseFunc
+	idle     chan struct{} // closed by untrack when the last connection goes, once Shutdown began
 
 	// readers and writers pool connection buffers (MaxHeaderBytes and
 	// 16 KiB), so that a connection that comes and goes allocates nothing.
@@ -117,6 +122,7 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	p := &Proxy{cfg: cfg.withDefaults(), conns: make(map[net.Conn]struct{})}
 	p.hard, p.hardStop = context.WithCancelCause(context.Background())
+	p.soft, p.softStop = context.WithCancelCause(context.Background())
 	return p, nil
 }
 
@@ -213,6 +219,10 @@ func (s *Tenant) upstream(p *Proxy) *upstreamPool {
 // accepted is finished: idle ones are closed at once, requests and tunnels
 // in progress are let finish (until Close).
 func (p *Proxy) Serve(ctx context.Context, ln net.Listener, sb *Tenant) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	stopSoft := context.AfterFunc(p.soft, func() { cancel(context.Cause(p.soft)) })
+	defer stopSoft()
 	stop := context.AfterFunc(ctx, func() { ln.Close() })
 	defer stop()
 	defer ln.Close()
@@ -262,6 +272,8 @@ func (p *Proxy) ServeConn(ctx context.Context, c net.Conn, sb *Tenant) {
 	defer sb.release()
 	stop := context.AfterFunc(ctx, cc.stop)
 	defer stop()
+	stopSoft := context.AfterFunc(p.soft, cc.stop)
+	defer stopSoft()
 	cc.serve(ctx)
 }
 
@@ -278,7 +290,39 @@ func (p *Proxy) track(c net.Conn) bool {
 func (p *Proxy) untrack(c net.Conn) {
 	p.mu.Lock()
 	delete(p.conns, c)
+	if len(p.conns) == 0 && p.idle != nil {
+		close(p.idle)
+		p.idle = nil
+	}
 	p.mu.Unlock()
+}
+
+// Shutdown stops the proxy gracefully, as http.Server's does: every Serve
+// stops accepting, idle connections close at once, and requests and
+// tunnels in progress are let finish until ctx ends; then Close cuts what
+// is left. It returns nil when everything finished in time, else the
+// cause of ctx. The proxy refuses connections afterwards.
+func (p *Proxy) Shutdown(ctx context.Context) error {
+	p.softStop(errors.New("proxy shutting down"))
+	p.mu.Lock()
+	var idle chan struct{}
+	if len(p.conns) > 0 {
+		if p.idle == nil {
+			p.idle = make(chan struct{})
+		}
+		idle = p.idle
+	}
+	p.mu.Unlock()
+	var err error
+	if idle != nil {
+		select {
+		case <-idle:
+		case <-ctx.Done():
+			err = context.Cause(ctx)
+		}
+	}
+	p.Close()
+	return err
 }
 
 // Close cuts every connection the proxy is serving, requests and tunnels

@@ -915,3 +915,61 @@ func TestRefusalDuringUploadReachesSandbox(t *testing.T) {
 		t.Errorf("got %d %q, want 403", resp.StatusCode, b)
 	}
 }
+
+// Shutdown lets a request in progress finish, closes idle connections at
+// once, and cuts what is left when its context ends.
+func TestShutdown(t *testing.T) {
+	e := newEnv(t, `{"mode":"custom","allowedHosts":["api.example.com"]}`, "")
+	release := make(chan struct{})
+	entered := make(chan struct{}, 2)
+	e.upstream("api.example.com", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/slow" {
+			entered <- struct{}{}
+			<-release
+		}
+		io.WriteString(w, "done "+r.URL.Path)
+	}))
+	idle, idleBr := e.dial()
+	io.WriteString(idle, "GET /https/api.example.com/first HTTP/1.1\r\nHost: p\r\n\r\n")
+	if resp, err := http.ReadResponse(idleBr, nil); err != nil || body(t, resp) != "done /first" {
+		t.Fatalf("first request: %v", err)
+	}
+	busy, busyBr := e.dial()
+	io.WriteString(busy, "GET /https/api.example.com/slow HTTP/1.1\r\nHost: p\r\n\r\n")
+	<-entered
+	shut := make(chan error, 1)
+	go func() { shut <- e.proxy.Shutdown(context.Background()) }()
+	if _, err := idleBr.ReadByte(); err != io.EOF {
+		t.Errorf("idle connection during Shutdown: read %v, want EOF", err)
+	}
+	close(release)
+	if resp, err := http.ReadResponse(busyBr, nil); err != nil || body(t, resp) != "done /slow" {
+		t.Errorf("the request in progress: %v", err)
+	}
+	if err := <-shut; err != nil {
+		t.Errorf("Shutdown = %v, want nil", err)
+	}
+
+	// A context that ends cuts what is left.
+	e2 := newEnv(t, `{"mode":"custom","allowedHosts":["api.example.com"]}`, "")
+	hold := make(chan struct{})
+	defer close(hold)
+	e2.upstream("api.example.com", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		entered <- struct{}{}
+		select {
+		case <-hold:
+		case <-r.Context().Done():
+		}
+	}))
+	c, br := e2.dial()
+	io.WriteString(c, "GET /https/api.example.com/held HTTP/1.1\r\nHost: p\r\n\r\n")
+	<-entered
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := e2.proxy.Shutdown(ctx); err == nil {
+		t.Error("Shutdown with an ended context and a request in progress = nil")
+	}
+	if _, err := http.ReadResponse(br, nil); err == nil {
+		t.Error("the held request was not cut")
+	}
+}

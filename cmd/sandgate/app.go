@@ -56,6 +56,7 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 			&cli.BoolFlag{Name: "version", Usage: "print the version, the Go version and the VCS commit, and exit"},
 		},
 		Commands: []*cli.Command{
+			serveCommand(),
 			proxyCommand(),
 			policyCommand(),
 			snapshotCommand(),

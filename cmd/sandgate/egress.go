@@ -11,9 +11,16 @@ import (
 
 // Flags shared by the verbs that judge egress (proxy, policy check).
 func egressFlags() []cli.Flag {
-	return []cli.Flag{
+	return append([]cli.Flag{
 		&cli.StringSliceFlag{Name: "allow", Usage: "allow `HOST` (exact, or *.example.com for its subdomains) in every custom policy; repeatable or comma-separated", EnvVars: []string{"SANDBOX_ALLOWED_HOSTS"}},
 		&cli.StringFlag{Name: "policy", Usage: "network policy `FILE` (JSON: {\"mode\":\"allow-all\"|\"deny-all\"|\"custom\",\"allowedHosts\":[…],\"allowedCIDRs\":[…],\"deniedCIDRs\":[…]}); default: custom with no rules of its own", EnvVars: []string{"SANDBOX_POLICY_FILE"}},
+	}, dnsFlags()...)
+}
+
+// dnsFlags are how every verb that dials resolves, and which special
+// addresses it may dial anyway.
+func dnsFlags() []cli.Flag {
+	return []cli.Flag{
 		&cli.StringSliceFlag{Name: "dns", Usage: "DNS server `ADDR` (IP or IP:port) to resolve with; default: the nameservers of /etc/resolv.conf", EnvVars: []string{"SANDBOX_DNS"}},
 		&cli.StringSliceFlag{Name: "allow-private", Usage: "exempt `CIDR` from the refusal of private, loopback and other special addresses (for tests; never in production)", EnvVars: []string{"SANDBOX_ALLOW_PRIVATE"}},
 	}

@@ -75,46 +75,17 @@ func runProxy(c *cli.Context) error {
 		}
 		rules.Set(list...)
 	}
-	roots, err := upstreamRoots(c.StringSlice("upstream-ca"))
-	if err != nil {
-		return badInput("--upstream-ca: %v", err)
-	}
-	var modules *wasm.Chain
-	if specs := *c.Generic("transform-module").(*moduleSpecs); len(specs) > 0 {
-		rt, err := newWasmRuntime(c, logger)
-		if err != nil {
-			return err
-		}
-		defer rt.Close(context.Background())
-		if modules, err = loadModules(c.Context, rt, specs); err != nil {
-			return err
-		}
-		for _, m := range modules.Modules() {
-			logger.Info("transform module loaded", "module", m.Name(), "features", m.Features().String())
-		}
-		wasmHeadroom(rt.Config().MaxConcurrentCalls, logger)
-	}
 	auditOut, closeAudit, err := openAuditLog(c.String("audit-log"), c.App.Writer)
 	if err != nil {
 		return badInput("--audit-log: %v", err)
 	}
 	defer closeAudit()
-
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	metrics := audit.NewMetrics(reg)
-	p, err := relay.New(relay.Config{
-		Decider:       eg.decider,
-		Audit:         audit.Multi{audit.Logger{L: cloudlog.New(auditOut, slog.LevelInfo)}, metrics},
-		Metrics:       metrics,
-		Logger:        logger,
-		UpstreamRoots: roots,
-		Modules:       modules,
-	})
+	pp, err := buildProxy(c, logger, eg, auditOut, nil, false)
 	if err != nil {
 		return err
 	}
-	defer p.Close()
+	defer pp.Close()
+	p, modules, reg := pp.proxy, pp.modules, pp.reg
 
 	ln, err := net.Listen("tcp", c.String("listen"))
 	if err != nil {
@@ -144,15 +115,89 @@ func runProxy(c *cli.Context) error {
 	}
 	grace := c.Duration("shutdown-grace")
 	logger.Info("proxy stopping: refusing new connections, letting those in progress finish", "grace", grace.String())
-	select {
-	case <-served:
-	case <-time.After(grace):
-		logger.Warn("grace period over: cutting the connections still open", "grace", grace.String())
-		p.Close()
-		<-served
+	sctx, cancelGrace := context.WithTimeoutCause(context.Background(), grace, errors.New("grace period over"))
+	defer cancelGrace()
+	if err := p.Shutdown(sctx); err != nil {
+		logger.Warn("grace period over: cut the connections still open", "grace", grace.String())
 	}
+	<-served
 	logger.Info("proxy stopped")
 	return nil
+}
+
+// proxyParts is the egress proxy as `proxy` and `serve` build it, with
+// what it was built from.
+type proxyParts struct {
+	proxy   *relay.Proxy
+	reg     *prometheus.Registry
+	rings   *audit.Rings // nil unless asked for
+	runtime *wasm.Runtime
+	modules *wasm.Chain // the service-wide modules (--transform-module)
+	closers []func()
+}
+
+// Close cuts the proxy, then releases its modules and runtime.
+func (pp *proxyParts) Close() {
+	if pp.proxy != nil {
+		pp.proxy.Close()
+	}
+	for i := len(pp.closers) - 1; i >= 0; i-- {
+		pp.closers[i]()
+	}
+}
+
+// buildProxy builds the egress proxy of `proxy` and `serve` from their
+// shared flags (--upstream-ca, --transform-module and the --wasm-* ones):
+// audit events as JSON lines to auditOut and counted in a Prometheus
+// registry, and, with rings, kept per sandbox for the API. withRuntime
+// makes a WebAssembly runtime even without service-wide modules (serve
+// loads sandboxes' own).
+func buildProxy(c *cli.Context, logger *slog.Logger, eg *egress, auditOut io.Writer, rings *audit.Rings, withRuntime bool) (_ *proxyParts, err error) {
+	pp := &proxyParts{rings: rings}
+	defer func() {
+		if err != nil {
+			pp.Close()
+		}
+	}()
+	roots, err := upstreamRoots(c.StringSlice("upstream-ca"))
+	if err != nil {
+		return nil, badInput("--upstream-ca: %v", err)
+	}
+	specs := *c.Generic("transform-module").(*moduleSpecs)
+	if len(specs) > 0 || withRuntime {
+		if pp.runtime, err = newWasmRuntime(c, logger); err != nil {
+			return nil, err
+		}
+		pp.closers = append(pp.closers, func() { pp.runtime.Close(context.Background()) })
+		wasmHeadroom(pp.runtime.Config().MaxConcurrentCalls, logger)
+	}
+	if len(specs) > 0 {
+		if pp.modules, err = loadModules(c.Context, pp.runtime, specs); err != nil {
+			return nil, err
+		}
+		for _, m := range pp.modules.Modules() {
+			logger.Info("transform module loaded", "module", m.Name(), "features", m.Features().String())
+		}
+	}
+	pp.reg = prometheus.NewRegistry()
+	pp.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	metrics := audit.NewMetrics(pp.reg)
+	sinks := audit.Multi{audit.Logger{L: cloudlog.New(auditOut, slog.LevelInfo)}, metrics}
+	if rings != nil {
+		sinks = append(sinks, rings)
+	}
+	pp.proxy, err = relay.New(relay.Config{
+		Decider:       eg.decider,
+		Audit:         sinks,
+		Metrics:       metrics,
+		Logger:        logger,
+		UpstreamRoots: roots,
+		Modules:       pp.modules,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return pp, nil
 }
 
 // wasmHeadroom gives the process calls more Ps (GOMAXPROCS) than it has

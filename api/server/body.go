@@ -1,0 +1,144 @@
+package server
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"regexp"
+)
+
+// object is a JSON request body checked field by field, protocol 1's way:
+// at most api.MaxJSONBody bytes (413), empty counts as {}, not JSON or not
+// an object is 400, a field of the wrong type is 400 naming the field.
+// Unknown fields are ignored.
+type object map[string]json.RawMessage
+
+// readObject reads and checks a JSON object body of at most limit bytes.
+func readObject(r *http.Request, limit int64) (object, error) {
+	data, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
+	if err != nil {
+		return nil, badRequest("reading the request body: %v", err)
+	}
+	if int64(len(data)) > limit {
+		return nil, errorf(http.StatusRequestEntityTooLarge, "the request body is over %d bytes", limit)
+	}
+	return parseObject(data)
+}
+
+// parseObject checks one JSON object (an exec line, a body).
+func parseObject(data []byte) (object, error) {
+	data = bytes.TrimSpace(data)
+	if len(data) == 0 {
+		return object{}, nil
+	}
+	var o object
+	if err := json.Unmarshal(data, &o); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) {
+			return nil, badRequest("the body must be a JSON object")
+		}
+		return nil, badRequest("the body is not JSON: %v", err)
+	}
+	if o == nil { // null
+		return nil, badRequest("the body must be a JSON object, not null")
+	}
+	return o, nil
+}
+
+// str is an optional string field ("" when absent).
+func (o object) str(name string) (string, bool, error) {
+	raw, ok := o[name]
+	if !ok {
+		return "", false, nil
+	}
+	var s string
+	if len(bytes.TrimSpace(raw)) == 0 || bytes.TrimSpace(raw)[0] != '"' || json.Unmarshal(raw, &s) != nil {
+		return "", true, badRequest("field %q must be a string", name)
+	}
+	return s, true, nil
+}
+
+// required is a string field that must be there.
+func (o object) required(name string) (string, error) {
+	s, ok, err := o.str(name)
+	if err != nil {
+		return "", err
+	}
+	if !ok {
+		return "", badRequest("field %q is required", name)
+	}
+	return s, nil
+}
+
+// list is an optional list of strings.
+func (o object) list(name string) ([]string, bool, error) {
+	raw, ok := o[name]
+	if !ok {
+		return nil, false, nil
+	}
+	var l []string
+	if len(bytes.TrimSpace(raw)) == 0 || bytes.TrimSpace(raw)[0] != '[' || json.Unmarshal(raw, &l) != nil {
+		return nil, true, badRequest("field %q must be a list of strings", name)
+	}
+	return l, true, nil
+}
+
+// strMap is an optional object of strings.
+func (o object) strMap(name string) (map[string]string, bool, error) {
+	raw, ok := o[name]
+	if !ok {
+		return nil, false, nil
+	}
+	var m map[string]string
+	if len(bytes.TrimSpace(raw)) == 0 || bytes.TrimSpace(raw)[0] != '{' || json.Unmarshal(raw, &m) != nil {
+		return nil, true, badRequest("field %q must be an object whose values are strings", name)
+	}
+	return m, true, nil
+}
+
+// networkBody is the body create, resume and the network route share:
+// each present field is type-checked whether or not the route uses it.
+type networkBody struct {
+	allowedHosts    []string
+	hasAllowedHosts bool
+	baseURLs        map[string]string
+	template        string
+	name            string
+}
+
+func (o object) network() (networkBody, error) {
+	var n networkBody
+	var err error
+	if n.allowedHosts, n.hasAllowedHosts, err = o.list("allowedHosts"); err != nil {
+		return n, err
+	}
+	if n.baseURLs, _, err = o.strMap("baseUrls"); err != nil {
+		return n, err
+	}
+	if n.template, _, err = o.str("template"); err != nil {
+		return n, err
+	}
+	if n.name, _, err = o.str("name"); err != nil {
+		return n, err
+	}
+	return n, nil
+}
+
+// namePattern is protocol 1's rule for sandbox and template names.
+var namePattern = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
+
+func checkSandboxName(name string) error {
+	if !namePattern.MatchString(name) {
+		return badRequest("invalid sandbox name %q: use 1 to 63 lowercase letters, digits and dashes, not starting with a dash", name)
+	}
+	return nil
+}
+
+func checkTemplateName(name string) error {
+	if !namePattern.MatchString(name) {
+		return badRequest("invalid template name %q: use 1 to 63 lowercase letters, digits and dashes, not starting with a dash", name)
+	}
+	return nil
+}

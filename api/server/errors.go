@@ -1,0 +1,99 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/http"
+	"strconv"
+
+	"github.com/sandgate/sandgate/api"
+	"github.com/sandgate/sandgate/appliance"
+	"github.com/sandgate/sandgate/appliance/agent"
+	"github.com/sandgate/sandgate/netpolicy"
+	"github.com/sandgate/sandgate/transforms"
+	"github.com/sandgate/sandgate/transforms/wasm"
+)
+
+// httpError is an error that carries its own status: bad input of a
+// request, found by the server itself.
+type httpError struct {
+	status int
+	msg    string
+}
+
+func (e *httpError) Error() string { return e.msg }
+
+func errorf(status int, format string, args ...any) error {
+	return &httpError{status: status, msg: fmt.Sprintf(format, args...)}
+}
+
+func badRequest(format string, args ...any) error {
+	return errorf(http.StatusBadRequest, format, args...)
+}
+
+// errNoSandbox is a route's sandbox that is not running.
+func errNoSandbox(name string) error {
+	return errorf(http.StatusNotFound, "sandbox %q is not running (create it, or resume it if it is suspended)", name)
+}
+
+// status is the one place an error becomes an HTTP status. Errors carry
+// their meaning (not found, conflict, invalid, unavailable); only here is
+// it a number.
+func status(err error) int {
+	var he *httpError
+	var re *transforms.RuleError
+	var we *wasm.Error
+	switch {
+	case errors.As(err, &he):
+		return he.status
+	case errors.Is(err, appliance.ErrBadInput), errors.As(err, &re), errors.Is(err, netpolicy.ErrInvalidPolicy),
+		errors.Is(err, agent.ErrRefused), errors.Is(err, fs.ErrInvalid):
+		return http.StatusBadRequest
+	case errors.Is(err, agent.ErrTooLarge):
+		return http.StatusRequestEntityTooLarge
+	case errors.Is(err, agent.ErrUnreachable):
+		return http.StatusBadGateway
+	case errors.Is(err, appliance.ErrExists):
+		return http.StatusConflict
+	case errors.Is(err, appliance.ErrNotFound), errors.Is(err, appliance.ErrNotRunning):
+		return http.StatusNotFound
+	case errors.Is(err, appliance.ErrCapacity), errors.Is(err, appliance.ErrStore),
+		errors.Is(err, appliance.ErrClosed), errors.Is(err, appliance.ErrBusy):
+		return http.StatusServiceUnavailable
+	case errors.Is(err, agent.ErrLinkDown):
+		return http.StatusBadGateway
+	case errors.As(err, &we): // a module that does not load
+		return http.StatusBadRequest
+	case errors.Is(err, context.DeadlineExceeded):
+		return http.StatusGatewayTimeout
+	}
+	return http.StatusInternalServerError
+}
+
+// writeJSON writes a JSON reply.
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		code, b = http.StatusInternalServerError, []byte(`{"error":"encoding the reply failed"}`)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)+1))
+	w.WriteHeader(code)
+	w.Write(append(b, '\n'))
+}
+
+// writeError writes err as {"error": message} with its status. A service
+// that is full says when to try again.
+func writeError(w http.ResponseWriter, err error) {
+	code := status(err)
+	if code == http.StatusServiceUnavailable {
+		w.Header().Set("Retry-After", "5")
+	}
+	writeJSON(w, code, api.Error{Error: err.Error()})
+}
+
+// noContent writes a 204: no body, no content type.
+func noContent(w http.ResponseWriter) { w.WriteHeader(http.StatusNoContent) }

@@ -1,0 +1,248 @@
+// Package server is sandgate's HTTP service over the lifecycle manager:
+// protocol 1 of ai-sdk-sandbox-cloud-run exactly (so its TypeScript client
+// works unchanged) and sandgate's own routes beside it under /v1. Handlers
+// parse, call the manager or a sandbox, and write; what an error means
+// becomes a status in one place (status).
+package server
+
+import (
+	"crypto/sha256"
+	"crypto/subtle"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/sandgate/sandgate/api"
+	"github.com/sandgate/sandgate/appliance"
+	"github.com/sandgate/sandgate/relay/audit"
+	"github.com/sandgate/sandgate/transforms/wasm"
+)
+
+// Config is what a Server serves. Manager is required.
+type Config struct {
+	Manager *appliance.Manager
+	// Token, when not empty, is the service token every request and
+	// tunnel must carry (compared in constant time).
+	Token string
+	// Version is the implementation version /health reports.
+	Version string
+	// Home and WorkDir are a sandbox's home and working directory;
+	// "{sandbox}" is replaced by its name. Defaults /home/agent and
+	// /workspace.
+	Home, WorkDir string
+	// Path is the PATH of sandbox commands; default the usual system one.
+	Path string
+	// AllowedHosts are the hosts every sandbox may reach (the service's
+	// SANDBOX_ALLOWED_HOSTS), as written: the effective list of a sandbox
+	// is these plus its own.
+	AllowedHosts []string
+	// BaseURLs are the base URL variables every sandbox gets, overlaid by
+	// its own (SANDBOX_BASE_URLS).
+	BaseURLs map[string]string
+	// EgressPort is the relay's port inside sandboxes; 0 picks one.
+	EgressPort int
+	// Audit, when set, serves /v1/sandboxes/{name}/audit.
+	Audit *audit.Rings
+	// Modules, when set, loads the sandboxes' own transform modules
+	// (PUT /v1/sandboxes/{name}/modules).
+	Modules *wasm.Runtime
+	// Metrics, when set, is served at /metrics, with the server's own
+	// metrics registered on it.
+	Metrics *prometheus.Registry
+	// OutputBytes is how much of each process's output is kept for
+	// resumable output; default 8 MiB. ProcessRetention is how long an
+	// exited process is remembered; default 10 minutes. WaitTimeout is
+	// the longest a wait call waits; default 5 minutes.
+	OutputBytes      int
+	ProcessRetention time.Duration
+	WaitTimeout      time.Duration
+	// Logger receives the server's events; nil discards. Commands, their
+	// variables and credentials are never logged.
+	Logger *slog.Logger
+}
+
+func (c Config) withDefaults() Config {
+	if c.Home == "" {
+		c.Home = "/home/agent"
+	}
+	if c.WorkDir == "" {
+		c.WorkDir = "/workspace"
+	}
+	if c.Path == "" {
+		c.Path = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+	}
+	if c.OutputBytes <= 0 {
+		c.OutputBytes = 8 << 20
+	}
+	if c.ProcessRetention <= 0 {
+		c.ProcessRetention = 10 * time.Minute
+	}
+	if c.WaitTimeout <= 0 {
+		c.WaitTimeout = 5 * time.Minute
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c
+}
+
+// Server is the HTTP service. It is an http.Handler.
+type Server struct {
+	cfg      Config
+	m        *appliance.Manager
+	mux      *http.ServeMux
+	token    [32]byte // sha256 of the token
+	log      *slog.Logger
+	met      *serverMetrics
+	patterns []string // every route, for the OpenAPI check
+	stop     chan struct{}
+
+	mu    sync.Mutex
+	boxes map[string]*sandboxState
+}
+
+// New builds the server; a malformed service setting is an error naming it.
+func New(cfg Config) (*Server, error) {
+	cfg = cfg.withDefaults()
+	s := &Server{cfg: cfg, m: cfg.Manager, mux: http.NewServeMux(), log: cfg.Logger, boxes: map[string]*sandboxState{}, stop: make(chan struct{})}
+	s.token = sha256.Sum256([]byte(cfg.Token))
+	s.met = newServerMetrics(cfg.Metrics)
+	if _, err := s.policyFor(nil, nil, nil); err != nil {
+		return nil, err
+	}
+	s.routes()
+	go s.janitor()
+	return s, nil
+}
+
+// Close stops the server's housekeeping. It does not stop the manager or
+// an http.Server serving it.
+func (s *Server) Close() { close(s.stop) }
+
+// route registers one route.
+func (s *Server) route(pattern string, h http.HandlerFunc) {
+	s.patterns = append(s.patterns, pattern)
+	s.mux.Handle(pattern, s.met.instrument(pattern, h))
+}
+
+func (s *Server) routes() {
+	// Protocol 1.
+	s.route("GET /health", s.health)
+	s.route("POST /v1/sandboxes", s.create)
+	s.route("POST /v1/sandboxes/{name}/resume", s.resume)
+	s.route("POST /v1/sandboxes/{name}/suspend", s.suspend)
+	s.route("DELETE /v1/sandboxes/{name}", s.destroy)
+	s.route("POST /v1/sandboxes/{name}/exec", s.exec)
+	s.route("GET /v1/sandboxes/{name}/processes/{pid}", s.wait)
+	s.route("DELETE /v1/sandboxes/{name}/processes/{pid}", s.kill)
+	s.route("DELETE /v1/sandboxes/{name}/processes", s.killAll)
+	s.route("POST /v1/sandboxes/{name}/transformations", s.addTransformations)
+	s.route("PUT /v1/sandboxes/{name}/transformations", s.setTransformations)
+	s.route("PUT /v1/sandboxes/{name}/network", s.setNetwork)
+	s.route("POST /v1/sandboxes/{name}/template", s.saveTemplate)
+	s.route("GET /v1/templates/{id}", s.templateExists)
+	s.route("DELETE /v1/templates/{id}", s.deleteTemplate)
+	// sandgate's own.
+	s.route("GET /v1/openapi.json", s.openAPI)
+	s.route("GET /v1/sandboxes", s.list)
+	s.route("GET /v1/sandboxes/{name}", s.get)
+	s.route("POST /v1/sandboxes/{name}/fork", s.fork)
+	s.route("GET /v1/sandboxes/{name}/files/{path...}", s.readFile)
+	s.route("PUT /v1/sandboxes/{name}/files/{path...}", s.writeFile)
+	s.route("GET /v1/sandboxes/{name}/workspace", s.workspaceOut)
+	s.route("PUT /v1/sandboxes/{name}/workspace", s.workspaceIn)
+	s.route("GET /v1/sandboxes/{name}/processes/{pid}/output", s.output)
+	s.route("PUT /v1/sandboxes/{name}/modules", s.setModules)
+	s.route("GET /v1/sandboxes/{name}/audit", s.audit)
+	s.route("GET /v1/sandboxes/{name}/tcp/{port}", s.tcpBridge)
+	if s.cfg.Metrics != nil {
+		s.route("GET /metrics", promhttp.HandlerFor(s.cfg.Metrics, promhttp.HandlerOpts{}).ServeHTTP)
+	}
+}
+
+// Patterns lists the routes the server serves ("METHOD /path"), for the
+// OpenAPI document's test.
+func (s *Server) Patterns() []string { return append([]string(nil), s.patterns...) }
+
+// ServeHTTP applies protocol 1's checks, sends an Upgrade to the port
+// tunnel, and routes the rest.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set(api.HeaderProtocol, "1")
+	tunnel := r.Header.Get("Upgrade") != "" && !isTCPBridge(r.URL.Path)
+	if r.URL.Path != "/health" {
+		if err := s.check(r); err != nil {
+			if tunnel {
+				rawStatus(w, status(err))
+				return
+			}
+			writeError(w, err)
+			return
+		}
+	}
+	if tunnel {
+		s.tunnel(w, r)
+		return
+	}
+	h, pattern := s.mux.Handler(r)
+	if pattern == "" {
+		// No route: 404, or 405 when the path has routes for other
+		// methods. ServeMux knows which; the body is ours.
+		rec := &statusRecorder{header: http.Header{}}
+		h.ServeHTTP(rec, r)
+		if allow := rec.header.Get("Allow"); allow != "" {
+			w.Header().Set("Allow", allow)
+		}
+		code := rec.code
+		if code != http.StatusMethodNotAllowed {
+			code = http.StatusNotFound
+		}
+		if code == http.StatusNotFound {
+			writeJSON(w, code, api.Error{Error: "no route " + r.Method + " " + r.URL.Path + " (see /v1/openapi.json)"})
+		} else {
+			writeJSON(w, code, api.Error{Error: "method " + r.Method + " is not allowed on " + r.URL.Path + " (allowed: " + w.Header().Get("Allow") + ")"})
+		}
+		return
+	}
+	s.mux.ServeHTTP(w, r)
+}
+
+// check is protocol 1's two checks, in order: the protocol header (absent
+// is fine), then the service token.
+func (s *Server) check(r *http.Request) error {
+	if v, ok := r.Header[http.CanonicalHeaderKey(api.HeaderProtocol)]; ok && (len(v) != 1 || v[0] != "1") {
+		return badRequest("this service speaks protocol 1; the request says %s %q: update the client", api.HeaderProtocol, strings.Join(v, ","))
+	}
+	if s.cfg.Token != "" {
+		got := sha256.Sum256([]byte(r.Header.Get(api.HeaderToken)))
+		if subtle.ConstantTimeCompare(got[:], s.token[:]) != 1 {
+			return errorf(http.StatusUnauthorized, "missing or wrong %s: give the service token", api.HeaderToken)
+		}
+	}
+	return nil
+}
+
+// statusRecorder captures what ServeMux's own 404/405 handlers write.
+type statusRecorder struct {
+	header http.Header
+	code   int
+}
+
+func (r *statusRecorder) Header() http.Header         { return r.header }
+func (r *statusRecorder) Write(p []byte) (int, error) { return len(p), nil }
+func (r *statusRecorder) WriteHeader(code int)        { r.code = code }
+
+func (s *Server) health(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, api.Health{Status: "ok", Protocol: api.ProtocolVersion, Version: s.cfg.Version})
+}
+
+// sandboxDir expands {sandbox} in a configured directory.
+func sandboxDir(pattern, name string) string { return strings.ReplaceAll(pattern, "{sandbox}", name) }
+
+func (s *Server) describe(name string) api.Description {
+	return api.Description{Name: name, Home: sandboxDir(s.cfg.Home, name), WorkingDirectory: sandboxDir(s.cfg.WorkDir, name)}
+}

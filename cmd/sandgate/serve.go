@@ -1,0 +1,325 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"runtime/debug"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/sandgate/sandgate/api/server"
+	"github.com/sandgate/sandgate/appliance"
+	"github.com/sandgate/sandgate/appliance/agent"
+	"github.com/sandgate/sandgate/appliance/localbox"
+	"github.com/sandgate/sandgate/internal/cloudlog"
+	"github.com/sandgate/sandgate/netpolicy"
+	"github.com/sandgate/sandgate/relay/audit"
+	"github.com/sandgate/sandgate/snapshot/store"
+)
+
+// serveCommand builds `sandgate serve`: the appliance. Every setting is a
+// flag and an environment variable of the same meaning (protocol 1's
+// service configuration, and sandgate's own).
+func serveCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "serve",
+		Usage: "serve sandboxes over HTTP: protocol 1 of ai-sdk-sandbox-cloud-run, and sandgate's /v1",
+		Description: `With no configuration, on a Linux host as root: listens on 127.0.0.1:8080,
+keeps snapshots and templates in ./.snapshots, runs sandboxes with
+'sandgate sandbox' (state under /var/lib/sandgate), the host's / as their
+image. On Cloud Run (K_SERVICE set): listens on 0.0.0.0:$PORT, logs JSON,
+drives Google's sandbox CLI, and needs SNAPSHOT_BUCKET.
+
+A malformed or unknown value stops it at start, naming the variable. It
+refuses to listen beyond loopback without a service token, unless on Cloud
+Run (IAM in front) or with --allow-open.`,
+		Flags: slices.Concat([]cli.Flag{
+			&cli.StringFlag{Name: "host", Usage: "listen on `ADDR` (default 127.0.0.1; 0.0.0.0 on Cloud Run)", EnvVars: []string{"HOST"}},
+			&cli.IntFlag{Name: "port", Value: 8080, Usage: "listen on `PORT`", EnvVars: []string{"PORT"}},
+			&cli.StringFlag{Name: "token", Usage: "the service `TOKEN` every request must carry in X-Ai-Sdk-Sandbox-Token", EnvVars: []string{"SANDBOX_SERVICE_TOKEN"}},
+			&cli.BoolFlag{Name: "allow-open", Usage: "listen beyond loopback without a token (loudly logged; never on an untrusted network)", EnvVars: []string{"SANDGATE_ALLOW_OPEN"}},
+			&cli.StringFlag{Name: "log-format", Usage: "`FORMAT` json (JSON lines Cloud Logging reads) or text (default text; json on Cloud Run)", EnvVars: []string{"LOG_FORMAT"}},
+			&cli.StringFlag{Name: "bucket", Usage: "Cloud Storage `BUCKET` for snapshots and templates (required on Cloud Run)", EnvVars: []string{"SNAPSHOT_BUCKET"}},
+			&cli.StringFlag{Name: "snapshot-dir", Value: ".snapshots", Usage: "local store `DIR` when there is no bucket", EnvVars: []string{"SNAPSHOT_DIRECTORY"}},
+			&cli.StringFlag{Name: "state-dir", Value: "/var/lib/sandgate", Usage: "`DIR` for the service's own state: sandboxes, templates, layers in transit", EnvVars: []string{"SANDGATE_STATE_DIR"}},
+			&cli.StringFlag{Name: "sandbox-cli", Usage: "the sandbox `CLI` to drive (default: Google's at " + appliance.GoogleCLI + " when present, else this binary's 'sandbox')", EnvVars: []string{"SANDBOX_CLI"}},
+			&cli.StringFlag{Name: "rootfs", Usage: "host `DIR` sandboxes see as / (sandgate sandbox; default /)", EnvVars: []string{"SANDGATE_ROOTFS"}},
+			&cli.StringFlag{Name: "allowed-hosts", Usage: "`HOSTS` every sandbox may reach, comma-separated (* is every host)", EnvVars: []string{"SANDBOX_ALLOWED_HOSTS"}},
+			&cli.StringFlag{Name: "base-urls", Usage: "`NAME=URL,...` base URL variables every sandbox gets (default ANTHROPIC_BASE_URL and OPENAI_BASE_URL; empty: none)", EnvVars: []string{"SANDBOX_BASE_URLS"}},
+			&cli.StringFlag{Name: "image-id", Usage: "`ID` of the image, in the template namespace (default $K_REVISION, else local)", EnvVars: []string{"SANDBOX_IMAGE_ID"}},
+			&cli.StringFlag{Name: "path", Value: agent.DefaultPath, Usage: "`PATH` of sandbox commands", EnvVars: []string{"SANDBOX_PATH"}},
+			&cli.StringFlag{Name: "home", Value: "/home/agent", Usage: "a sandbox's home `DIR` ({sandbox} is its name)", EnvVars: []string{"SANDBOX_HOME"}},
+			&cli.StringFlag{Name: "workdir", Value: "/workspace", Usage: "a sandbox's working `DIR` ({sandbox} is its name)", EnvVars: []string{"SANDBOX_WORKDIR"}},
+			&cli.IntFlag{Name: "egress-port", Value: 3128, Usage: "`PORT` of the relay inside sandboxes (0: any free one)", EnvVars: []string{"SANDBOX_EGRESS_PORT"}},
+			&cli.StringFlag{Name: "allow-private-network", Usage: "`true` makes private addresses reachable (tests; refused on Cloud Run)", EnvVars: []string{"SANDBOX_ALLOW_PRIVATE_NETWORK"}},
+			&cli.StringFlag{Name: "allow-egress", Usage: "refused: sandgate never gives a sandbox a network of its own (`true` would)", EnvVars: []string{"SANDBOX_ALLOW_EGRESS"}},
+			&cli.DurationFlag{Name: "idle-suspend", Value: appliance.DefaultIdleSuspend, Usage: "suspend a sandbox idle (no call, port connection or egress) for `DURATION`; 0 never", EnvVars: []string{"SANDGATE_IDLE_SUSPEND"}},
+			&cli.IntFlag{Name: "max-sandboxes", Usage: "run at most `N` sandboxes at once (default: host memory over --sandbox-memory)", EnvVars: []string{"SANDGATE_MAX_SANDBOXES"}},
+			&cli.StringFlag{Name: "sandbox-memory", Value: appliance.DefaultMemoryLimit, Usage: "memory limit of each sandbox, `SIZE` (sandgate sandbox)", EnvVars: []string{"SANDGATE_SANDBOX_MEMORY"}},
+			&cli.IntFlag{Name: "sandbox-pids", Value: appliance.DefaultPidsLimit, Usage: "process limit of each sandbox, `N` (sandgate sandbox)", EnvVars: []string{"SANDGATE_SANDBOX_PIDS"}},
+			&cli.StringFlag{Name: "output-buffer", Value: "8m", Usage: "output of each process kept for resumable streams, `SIZE`", EnvVars: []string{"SANDGATE_OUTPUT_BUFFER"}},
+			&cli.DurationFlag{Name: "shutdown-grace", Value: 9 * time.Second, Usage: "on SIGTERM/SIGINT, save every running sandbox within `DURATION` (Cloud Run gives 10s)", EnvVars: []string{"SANDGATE_SHUTDOWN_GRACE"}},
+			&cli.StringFlag{Name: "audit-log", Value: "-", Usage: "write egress audit events as JSON lines to `FILE` (- for standard output)", EnvVars: []string{"SANDGATE_AUDIT_LOG"}},
+			&cli.StringSliceFlag{Name: "upstream-ca", Usage: "also trust the PEM certificates in `FILE` for upstreams (tests, private CAs); repeatable", EnvVars: []string{"SANDGATE_UPSTREAM_CA"}},
+			&cli.GenericFlag{Name: "transform-module", Value: &moduleSpecs{}, Usage: "apply the WebAssembly module in `FILE[?CONFIG]` to every sandbox's base-URL routes, before its own modules and the credential swap; repeatable"},
+		}, dnsFlags(), wasmRuntimeFlags()),
+		OnUsageError: usageError,
+		Action:       runServe,
+	}
+}
+
+// serveVersion is the version /health reports.
+func serveVersion() string {
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
+		return bi.Main.Version
+	}
+	return "dev"
+}
+
+// serveConfig is serve's configuration, checked.
+type serveConfig struct {
+	cloudRun     bool
+	addr         string
+	allowedHosts []string
+	baseURLs     map[string]string
+	imageID      string
+	allowPrivate []netip.Prefix
+	outputBytes  int64
+	memory       string
+}
+
+// checkServe reads and checks serve's settings; a bad one is the
+// caller's mistake, named by its variable.
+func checkServe(c *cli.Context) (*serveConfig, error) {
+	sc := &serveConfig{cloudRun: os.Getenv("K_SERVICE") != ""}
+	if c.Int("port") < 0 || c.Int("port") > 65535 {
+		return nil, badInput("PORT (--port) %d: want 0 to 65535", c.Int("port"))
+	}
+	host := c.String("host")
+	if host == "" {
+		host = "127.0.0.1"
+		if sc.cloudRun {
+			host = "0.0.0.0"
+		}
+	}
+	sc.addr = net.JoinHostPort(host, fmt.Sprint(c.Int("port")))
+	if v := c.String("allow-egress"); v != "" && v != "false" {
+		return nil, badInput("SANDBOX_ALLOW_EGRESS=%q: sandgate never gives a sandbox a network of its own; every byte leaves through its egress proxy. Unset it, and allow hosts with SANDBOX_ALLOWED_HOSTS", v)
+	}
+	switch v := c.String("allow-private-network"); v {
+	case "", "false":
+	case "true":
+		if sc.cloudRun {
+			return nil, badInput("SANDBOX_ALLOW_PRIVATE_NETWORK=true is refused on Cloud Run: it would open the metadata server (and its token) to sandboxes")
+		}
+		sc.allowPrivate = []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0"), netip.MustParsePrefix("::/0")}
+	default:
+		return nil, badInput("SANDBOX_ALLOW_PRIVATE_NETWORK=%q: want true, or leave it unset", v)
+	}
+	private, err := netpolicy.ParseCIDRs("SANDBOX_ALLOW_PRIVATE (--allow-private)", splitAll(c.StringSlice("allow-private")))
+	if err != nil {
+		return nil, badInput("%v", err)
+	}
+	if len(private) > 0 && sc.cloudRun {
+		return nil, badInput("SANDBOX_ALLOW_PRIVATE is refused on Cloud Run: it would open private addresses, the metadata server's among them, to sandboxes")
+	}
+	sc.allowPrivate = append(sc.allowPrivate, private...)
+	if sc.cloudRun && c.String("bucket") == "" {
+		return nil, badInput("SNAPSHOT_BUCKET is required on Cloud Run: an instance's disk goes with the instance, and with it every snapshot; name a bucket the service account may write (roles/storage.objectUser)")
+	}
+	for _, h := range strings.Split(c.String("allowed-hosts"), ",") {
+		if h = strings.TrimSpace(h); h != "" {
+			sc.allowedHosts = append(sc.allowedHosts, h)
+		}
+	}
+	sc.baseURLs = map[string]string{"ANTHROPIC_BASE_URL": "https://api.anthropic.com", "OPENAI_BASE_URL": "https://api.openai.com/v1"}
+	if c.IsSet("base-urls") {
+		sc.baseURLs = map[string]string{}
+		for _, e := range strings.Split(c.String("base-urls"), ",") {
+			if e = strings.TrimSpace(e); e == "" {
+				continue
+			}
+			k, v, ok := strings.Cut(e, "=")
+			if !ok || strings.TrimSpace(k) == "" {
+				return nil, badInput("SANDBOX_BASE_URLS entry %q: want NAME=URL", e)
+			}
+			sc.baseURLs[strings.TrimSpace(k)] = strings.TrimSpace(v)
+		}
+	}
+	sc.imageID = c.String("image-id")
+	if sc.imageID == "" {
+		sc.imageID = os.Getenv("K_REVISION")
+	}
+	if sc.imageID == "" {
+		sc.imageID = "local"
+	}
+	if sc.outputBytes, err = localbox.ParseSize(c.String("output-buffer")); err != nil {
+		return nil, badInput("SANDGATE_OUTPUT_BUFFER (--output-buffer): %v", err)
+	}
+	if _, err := localbox.ParseSize(c.String("sandbox-memory")); err != nil {
+		return nil, badInput("SANDGATE_SANDBOX_MEMORY (--sandbox-memory): %v", err)
+	}
+	sc.memory = c.String("sandbox-memory")
+	if c.Int("egress-port") < 0 || c.Int("egress-port") > 65535 {
+		return nil, badInput("SANDBOX_EGRESS_PORT %d: want 0 to 65535", c.Int("egress-port"))
+	}
+	if c.Duration("shutdown-grace") <= 0 {
+		return nil, badInput("SANDGATE_SHUTDOWN_GRACE: want a positive duration such as 9s")
+	}
+	return sc, nil
+}
+
+func runServe(c *cli.Context) error {
+	if c.NArg() > 0 {
+		return badInput("serve takes no arguments, got %q", c.Args().First())
+	}
+	sc, err := checkServe(c)
+	if err != nil {
+		return err
+	}
+	logger := cloudlog.NewText(c.App.ErrWriter, slog.LevelInfo)
+	if f := c.String("log-format"); f == "json" || (f == "" && sc.cloudRun) {
+		logger = cloudlog.New(c.App.ErrWriter, slog.LevelInfo)
+	}
+	ln, err := net.Listen("tcp", sc.addr)
+	if err != nil {
+		return badInput("HOST/PORT: %v", err)
+	}
+	defer ln.Close()
+	loopback := false
+	if ap, err := netip.ParseAddrPort(ln.Addr().String()); err == nil {
+		loopback = ap.Addr().IsLoopback()
+	}
+	switch {
+	case loopback || c.String("token") != "":
+	case sc.cloudRun:
+		logger.Info("no service token: relying on Cloud Run's IAM (roles/run.invoker) in front")
+	case c.Bool("allow-open"):
+		logger.Error("LISTENING BEYOND LOOPBACK WITHOUT A SERVICE TOKEN (--allow-open): anyone who reaches " + ln.Addr().String() + " runs commands in your sandboxes")
+	default:
+		return badInput("refusing to listen on %s without a service token: set SANDBOX_SERVICE_TOKEN, listen on loopback (HOST=127.0.0.1), or pass --allow-open on a network you trust", ln.Addr())
+	}
+
+	// The egress proxy.
+	servers := splitAll(c.StringSlice("dns"))
+	if len(servers) == 0 {
+		if servers, err = netpolicy.ServersFromResolvConf("/etc/resolv.conf"); err != nil {
+			return fmt.Errorf("no SANDBOX_DNS given and /etc/resolv.conf is unusable: %w", err)
+		}
+	}
+	res, err := netpolicy.NewDNSResolver(netpolicy.ResolverConfig{Servers: servers})
+	if err != nil {
+		return badInput("SANDBOX_DNS (--dns): %v", err)
+	}
+	eg := &egress{decider: &netpolicy.Decider{Resolver: res, AllowPrivate: sc.allowPrivate}, resolver: res}
+	defer eg.Close()
+	for _, p := range sc.allowPrivate {
+		logger.Warn("address-class refusal disabled for a range: sandboxes may reach it", "cidr", p.String())
+	}
+	auditOut, closeAudit, err := openAuditLog(c.String("audit-log"), c.App.Writer)
+	if err != nil {
+		return badInput("SANDGATE_AUDIT_LOG (--audit-log): %v", err)
+	}
+	defer closeAudit()
+	rings := audit.NewRings(1000)
+	pp, err := buildProxy(c, logger, eg, auditOut, rings, true)
+	if err != nil {
+		return err
+	}
+	defer pp.Close()
+
+	// The store, the sandbox CLI, the manager.
+	ctx := c.Context
+	var st store.Store
+	if b := c.String("bucket"); b != "" {
+		if st, err = store.OpenGCS(ctx, b, ""); err != nil {
+			return fmt.Errorf("SNAPSHOT_BUCKET %s: %w", b, err)
+		}
+	} else if st, err = store.NewDir(c.String("snapshot-dir")); err != nil {
+		return badInput("SNAPSHOT_DIRECTORY %s: %v", c.String("snapshot-dir"), err)
+	}
+	defer st.Close()
+	state := c.String("state-dir")
+	l, err := appliance.NewLauncher(appliance.LauncherConfig{
+		CLI: c.String("sandbox-cli"), StateDir: filepath.Join(state, "sandboxes"),
+		Memory: sc.memory, Pids: c.Int("sandbox-pids"), Rootfs: c.String("rootfs"), Logger: logger,
+	})
+	if err != nil {
+		return err
+	}
+	idle := c.Duration("idle-suspend")
+	if idle == 0 {
+		idle = -1
+	}
+	m, err := appliance.NewManager(ctx, appliance.ManagerConfig{
+		Launcher: l, Proxy: pp.proxy, Store: st, ImageID: sc.imageID, Version: serveVersion(),
+		WorkDir: filepath.Join(state, "work"), MaxRunning: c.Int("max-sandboxes"), IdleSuspend: idle,
+		Logger: logger, Metrics: pp.reg,
+	})
+	if err != nil {
+		return err
+	}
+	srvh, err := server.New(server.Config{
+		Manager: m, Token: c.String("token"), Version: serveVersion(),
+		Home: c.String("home"), WorkDir: c.String("workdir"), Path: c.String("path"),
+		AllowedHosts: sc.allowedHosts, BaseURLs: sc.baseURLs, EgressPort: c.Int("egress-port"),
+		Audit: rings, Modules: pp.runtime, Metrics: pp.reg, OutputBytes: int(sc.outputBytes), Logger: logger,
+	})
+	if err != nil {
+		return badInput("%v", err)
+	}
+	defer srvh.Close()
+	hs := &http.Server{Handler: srvh, ReadHeaderTimeout: 30 * time.Second, ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelDebug)}
+	// HTTP/2 without TLS too: Cloud Run's front end speaks it to the
+	// container when the service uses --use-http2, which lifts its 32 MiB
+	// cap on HTTP/1 request bodies.
+	hs.Protocols = new(http.Protocols)
+	hs.Protocols.SetHTTP1(true)
+	hs.Protocols.SetUnencryptedHTTP2(true)
+	served := make(chan error, 1)
+	go func() { served <- hs.Serve(ln) }()
+	logger.Info("sandgate serving", "addr", ln.Addr().String(), "cli", l.String(), "store", storeName(c), "image_id", sc.imageID,
+		"template_namespace", m.Namespace(), "cloud_run", sc.cloudRun, "token", c.String("token") != "")
+
+	select {
+	case err := <-served:
+		m.Close(context.Background())
+		return fmt.Errorf("serving: %w", err)
+	case <-ctx.Done():
+	}
+	grace := c.Duration("shutdown-grace")
+	logger.Info("stopping: refusing new requests and saving every running sandbox", "grace", grace.String())
+	gctx, cancel := context.WithTimeoutCause(context.Background(), grace, errors.New("shutdown grace period over"))
+	defer cancel()
+	ln.Close() // no new connections; those open are served until drained
+	saved := m.Close(gctx)
+	if len(saved.Failed) == 0 {
+		logger.Info(fmt.Sprintf("saved %d sandboxes", len(saved.Saved)), "saved", saved.Saved)
+	}
+	if err := hs.Shutdown(gctx); err != nil {
+		hs.Close()
+	}
+	if err := pp.proxy.Shutdown(gctx); err != nil {
+		logger.Warn("egress connections still open at the end of the grace period were cut")
+	}
+	logger.Info("stopped")
+	return nil
+}
+
+func storeName(c *cli.Context) string {
+	if b := c.String("bucket"); b != "" {
+		return "gs://" + b
+	}
+	abs, _ := filepath.Abs(c.String("snapshot-dir"))
+	return abs
+}
