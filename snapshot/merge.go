@@ -40,7 +40,16 @@ func commit(staging, target string, a *applier) error {
 				return err
 			}
 		}
-		return os.Rename(staging, target)
+		// Removed, then renamed onto: overlayfs refuses a rename onto an
+		// existing directory (EEXIST) where other file systems replace it.
+		if err := os.Remove(target); err != nil {
+			return err
+		}
+		if err := os.Rename(staging, target); err != nil {
+			os.Mkdir(target, st.Mode().Perm())
+			return err
+		}
+		return nil
 	}
 	troot, err := os.OpenRoot(target)
 	if err != nil {

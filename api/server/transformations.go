@@ -118,6 +118,9 @@ func heldSecrets(ts []transformation) []string {
 // or prefix (or not at all) gets a fixed redaction marker. A value too
 // short to be a held secret is a plain header value.
 func rules(ts []transformation) ([]transforms.Rule, error) {
+	if len(ts) == 0 {
+		return nil, nil
+	}
 	env := map[string]string{}
 	var list []json.RawMessage
 	for i, t := range ts {
