@@ -1,0 +1,159 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sandgate/sandgate/api"
+)
+
+// serveEnv is an environment for `sandgate serve` of a test's own: its
+// state, store and audit log in temporary directories, no token, loopback.
+func serveEnv(t *testing.T, extra ...string) []string {
+	t.Helper()
+	dir := t.TempDir()
+	env := []string{"PATH=" + os.Getenv("PATH"), "HOME=" + dir,
+		"SANDGATE_STATE_DIR=" + filepath.Join(dir, "state"), "SNAPSHOT_DIRECTORY=" + filepath.Join(dir, "store"),
+		"SANDGATE_AUDIT_LOG=" + filepath.Join(dir, "audit.log"), "SANDBOX_DNS=127.0.0.1:9", "PORT=0"}
+	return append(env, extra...)
+}
+
+// Bad or unsafe settings stop serve at start, naming the variable.
+func TestServeRefusesBadSettings(t *testing.T) {
+	for _, tc := range []struct {
+		env  []string
+		want string
+	}{
+		{[]string{"HOST=0.0.0.0"}, "SANDBOX_SERVICE_TOKEN"},
+		{[]string{"PORT=http"}, "PORT"},
+		{[]string{"K_SERVICE=svc"}, "SNAPSHOT_BUCKET is required on Cloud Run"},
+		{[]string{"K_SERVICE=svc", "SNAPSHOT_BUCKET=b", "SANDBOX_ALLOW_PRIVATE_NETWORK=true"}, "refused on Cloud Run"},
+		{[]string{"K_SERVICE=svc", "SNAPSHOT_BUCKET=b", "SANDBOX_ALLOW_PRIVATE=10.0.0.0/8"}, "refused on Cloud Run"},
+		{[]string{"SANDBOX_ALLOW_PRIVATE_NETWORK=yes"}, "SANDBOX_ALLOW_PRIVATE_NETWORK"},
+		{[]string{"SANDBOX_ALLOW_EGRESS=true"}, "SANDBOX_ALLOW_EGRESS"},
+		{[]string{"SANDBOX_BASE_URLS=nokey"}, "SANDBOX_BASE_URLS"},
+		{[]string{"SANDGATE_IDLE_SUSPEND=soon"}, "SANDGATE_IDLE_SUSPEND"},
+		{[]string{"SANDGATE_SANDBOX_MEMORY=lots"}, "SANDGATE_SANDBOX_MEMORY"},
+		{[]string{"SANDBOX_ALLOWED_HOSTS=bad host"}, "allowedHosts"},
+	} {
+		cmd := exec.Command(binary(t), "serve")
+		cmd.Env = serveEnv(t, tc.env...)
+		out, err := cmd.CombinedOutput()
+		var ee *exec.ExitError
+		if !(errors.As(err, &ee) && ee.ExitCode() == exitBadInput) || !strings.Contains(string(out), tc.want) {
+			t.Errorf("serve with %v: %v\n%s\nwant exit 2 naming %q", tc.env, err, out, tc.want)
+		}
+	}
+}
+
+// startServe starts `sandgate serve` and returns its base URL once it
+// listens, with the process.
+func startServe(t *testing.T, env []string, log *bytes.Buffer) (string, *exec.Cmd) {
+	t.Helper()
+	cmd := exec.Command(binary(t), "serve")
+	cmd.Env = env
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	addr := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			line := sc.Text()
+			log.WriteString(line + "\n")
+			if _, rest, ok := strings.Cut(line, "sandgate serving addr="); ok {
+				addr <- strings.Fields(rest)[0]
+			}
+			if strings.Contains(line, `"message":"sandgate serving"`) {
+				var m map[string]any
+				json.Unmarshal([]byte(line), &m)
+				addr <- fmt.Sprint(m["addr"])
+			}
+		}
+		close(addr)
+	}()
+	select {
+	case a, ok := <-addr:
+		if !ok {
+			t.Fatalf("serve ended before listening:\n%s", log.String())
+		}
+		return "http://" + a, cmd
+	case <-time.After(2 * time.Minute):
+		t.Fatalf("serve did not listen within 2m:\n%s", log.String())
+	}
+	return "", nil
+}
+
+func call(t *testing.T, method, url, body string) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequest(method, url, strings.NewReader(body))
+	req.Header.Set(api.HeaderProtocol, "1")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, url, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// SIGTERM saves every running sandbox, logs which, and exits 0; a new
+// serve over the same state resumes it with its files.
+func TestServeSavesAllOnSIGTERM(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("sandboxes need root (namespaces, overlayfs, cgroups): run the tests as root")
+	}
+	env := serveEnv(t, "LOG_FORMAT=text")
+	var log bytes.Buffer
+	base, cmd := startServe(t, env, &log)
+	for _, name := range []string{"one", "two"} {
+		if code, out := call(t, "POST", base+"/v1/sandboxes", `{"name":"`+name+`"}`); code != 201 {
+			t.Fatalf("create %s: %d %s", name, code, out)
+		}
+		if code, out := call(t, "POST", base+"/v1/sandboxes/"+name+"/exec", `{"command":"echo saved-`+name+` > /workspace/f"}`+"\n"); code != 200 {
+			t.Fatalf("exec: %d %s", code, out)
+		}
+	}
+	cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("serve after SIGTERM: %v\n%s", err, log.String())
+		}
+	case <-time.After(time.Minute):
+		t.Fatalf("serve did not exit within a minute of SIGTERM:\n%s", log.String())
+	}
+	if !strings.Contains(log.String(), "saved 2 sandboxes") {
+		t.Errorf("the log does not say what was saved:\n%s", log.String())
+	}
+	var log2 bytes.Buffer
+	base2, _ := startServe(t, env, &log2)
+	if code, out := call(t, "POST", base2+"/v1/sandboxes/two/resume", `{}`); code != 200 {
+		t.Fatalf("resume after restart: %d %s", code, out)
+	}
+	code, out := call(t, "POST", base2+"/v1/sandboxes/two/exec", `{"command":"cat /workspace/f"}`+"\n")
+	if code != 200 || !strings.Contains(out, "saved-two") {
+		t.Errorf("after restart: %d %q", code, out)
+	}
+	call(t, "DELETE", base2+"/v1/sandboxes/one", "")
+	call(t, "DELETE", base2+"/v1/sandboxes/two", "")
+}
