@@ -81,9 +81,9 @@ type ManagerConfig struct {
 // Defaults of ManagerConfig.
 const (
 	DefaultIdleSuspend = 15 * time.Minute
-	// DefaultMemoryLimit and DefaultPidsLimit are what LauncherConfig's
-	// Memory and Pids default to for a service (NewManager applies them
-	// when the launcher has none).
+	// DefaultMemoryLimit and DefaultPidsLimit are the limits of each
+	// sandbox of a service: NewManager gives them to a launcher configured
+	// without (LauncherConfig's zero means no limit).
 	DefaultMemoryLimit = "2g"
 	DefaultPidsLimit   = 4096
 )
@@ -218,6 +218,12 @@ func NewManager(ctx context.Context, cfg ManagerConfig) (*Manager, error) {
 	}
 	if cfg.ImageID == "" {
 		cfg.ImageID = "local"
+	}
+	if cfg.Launcher.cfg.Memory == "" {
+		cfg.Launcher.cfg.Memory = DefaultMemoryLimit
+	}
+	if cfg.Launcher.cfg.Pids == 0 {
+		cfg.Launcher.cfg.Pids = DefaultPidsLimit
 	}
 	if cfg.MaxRunning <= 0 {
 		limit, _ := localbox.ParseSize(cfg.Launcher.cfg.Memory)
