@@ -421,20 +421,23 @@ func TestOpenAPIServedReplies(t *testing.T) {
 	}
 
 	// A tunnel refused for its token: the bare status line the document
-	// describes (RawRefusal).
-	conn, err := net.Dial("tcp", srv.Listener.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	io.WriteString(conn, "GET /v1/sandboxes/box/ports/4000/ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
-	conn.SetDeadline(time.Now().Add(time.Minute))
-	raw, err := io.ReadAll(conn) // the service closes the connection
-	if err != nil {
-		t.Fatal(err)
-	}
-	if want := "HTTP/1.1 401 Unauthorized\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"; string(raw) != want {
-		t.Errorf("refused tunnel: got %q, want the bare %q", raw, want)
+	// describes (RawRefusal). An Upgrade to /health is a tunnel request
+	// like any other, without /health's exemption.
+	for _, target := range []string{"/v1/sandboxes/box/ports/4000/ws", "/health"} {
+		conn, err := net.Dial("tcp", srv.Listener.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		conn.SetDeadline(time.Now().Add(time.Minute))
+		io.WriteString(conn, "GET "+target+" HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
+		raw, err := io.ReadAll(conn) // the service closes the connection
+		conn.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := "HTTP/1.1 401 Unauthorized\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"; string(raw) != want {
+			t.Errorf("tunnel to %s without the token: got %q, want the bare %q", target, raw, want)
+		}
 	}
 	refusal := doc.Components.Responses["RawRefusal"]
 	if refusal == nil || refusal.Value.Headers["Connection"] == nil || refusal.Value.Headers["Content-Length"] == nil {
