@@ -13,6 +13,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -45,6 +46,10 @@ type rig struct {
 	hs         *http.Server
 	addr       string // the service's address
 	client     *http.Client
+	// handled is how long the service took over the last request, from
+	// the handler's start to its return: a call's time less this is
+	// HTTP's own (client, loopback, net/http's server).
+	handled atomic.Int64
 
 	closers   []func()
 	closeOnce sync.Once
@@ -113,7 +118,11 @@ func newRig() (_ *rig, err error) {
 		return nil, err
 	}
 	r.addr = ln.Addr().String()
-	r.hs = &http.Server{Handler: r.srv, ReadHeaderTimeout: 30 * time.Second}
+	r.hs = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, q *http.Request) {
+		t0 := time.Now()
+		r.srv.ServeHTTP(w, q)
+		r.handled.Store(int64(time.Since(t0)))
+	}), ReadHeaderTimeout: 30 * time.Second}
 	r.hs.Protocols = new(http.Protocols)
 	r.hs.Protocols.SetHTTP1(true)
 	r.hs.Protocols.SetUnencryptedHTTP2(true)
