@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"maps"
 	"net/http"
 	"regexp"
+	"slices"
 )
 
 // object is a JSON request body checked field by field, protocol 1's way:
@@ -78,11 +80,15 @@ func (o object) list(name string) ([]string, bool, error) {
 	if !ok {
 		return nil, false, nil
 	}
-	var l []string
-	if len(bytes.TrimSpace(raw)) == 0 || bytes.TrimSpace(raw)[0] != '[' || json.Unmarshal(raw, &l) != nil {
+	var l []*string // a null item is no string (json leaves a string "" for it)
+	if len(bytes.TrimSpace(raw)) == 0 || bytes.TrimSpace(raw)[0] != '[' || json.Unmarshal(raw, &l) != nil || slices.Contains(l, nil) {
 		return nil, true, badRequest("field %q must be a list of strings", name)
 	}
-	return l, true, nil
+	out := make([]string, len(l))
+	for i, p := range l {
+		out[i] = *p
+	}
+	return out, true, nil
 }
 
 // strMap is an optional object of strings.
@@ -91,11 +97,15 @@ func (o object) strMap(name string) (map[string]string, bool, error) {
 	if !ok {
 		return nil, false, nil
 	}
-	var m map[string]string
-	if len(bytes.TrimSpace(raw)) == 0 || bytes.TrimSpace(raw)[0] != '{' || json.Unmarshal(raw, &m) != nil {
+	var m map[string]*string // a null value is no string
+	if len(bytes.TrimSpace(raw)) == 0 || bytes.TrimSpace(raw)[0] != '{' || json.Unmarshal(raw, &m) != nil || slices.Contains(slices.Collect(maps.Values(m)), nil) {
 		return nil, true, badRequest("field %q must be an object whose values are strings", name)
 	}
-	return m, true, nil
+	out := make(map[string]string, len(m))
+	for k, p := range m {
+		out[k] = *p
+	}
+	return out, true, nil
 }
 
 // networkBody is the body create, resume and the network route share:

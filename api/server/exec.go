@@ -191,7 +191,11 @@ func readLine(br *bufio.Reader) ([]byte, error) {
 	for {
 		frag, err := br.ReadSlice('\n')
 		line = append(line, frag...)
-		if len(line) > api.MaxJSONBody+1 {
+		n := len(line)
+		if err == nil {
+			n-- // the newline
+		}
+		if n > api.MaxJSONBody {
 			return nil, errorf(http.StatusRequestEntityTooLarge, "the exec request's first line (its JSON) is over %d bytes", api.MaxJSONBody)
 		}
 		if err == nil {

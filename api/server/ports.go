@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"regexp"
@@ -62,6 +63,14 @@ func tunnelHead(r *http.Request, port int, sub, query string) []byte {
 	for _, k := range keys {
 		for _, v := range r.Header[k] {
 			b.WriteString(k + ": " + v + "\r\n")
+		}
+	}
+	// Go's server moved these out of the header of a chunked request; its
+	// body follows as it was sent, so they go on too.
+	if len(r.TransferEncoding) > 0 {
+		b.WriteString("Transfer-Encoding: " + strings.Join(r.TransferEncoding, ", ") + "\r\n")
+		if len(r.Trailer) > 0 {
+			b.WriteString("Trailer: " + strings.Join(slices.Sorted(maps.Keys(r.Trailer)), ", ") + "\r\n")
 		}
 	}
 	b.WriteString("\r\n")

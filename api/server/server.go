@@ -174,7 +174,7 @@ func (s *Server) Patterns() []string { return append([]string(nil), s.patterns..
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set(api.HeaderProtocol, "1")
 	tunnel := r.Header.Get("Upgrade") != "" && !isTCPBridge(r.URL.Path)
-	if r.URL.Path != "/health" {
+	if r.URL.Path != "/health" || tunnel { // a tunnel has no /health exemption
 		if err := s.check(r); err != nil {
 			if tunnel {
 				rawStatus(w, status(err))

@@ -3,6 +3,7 @@ package server
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"regexp"
@@ -75,11 +76,14 @@ func orderedStrings(raw json.RawMessage) ([]header, error) {
 		if err != nil {
 			return nil, err
 		}
-		var v string
+		var v *string // a null value is no string
 		if err := dec.Decode(&v); err != nil {
 			return nil, err
 		}
-		out = append(out, header{name: tok.(string), value: v})
+		if v == nil {
+			return nil, errors.New("a null value")
+		}
+		out = append(out, header{name: tok.(string), value: *v})
 	}
 	return out, nil
 }

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Measures sandgate's HTTP service (api/server) over the lifecycle manager
+# on real sandboxes, in one run, each figure against a baseline measured in
+# the same run: `exec true` over the protocol 1 exec route against
+# Sandbox.Run on the same sandbox (p50, p99, what the API adds); create and
+# create-from-template over HTTP against Manager.Create; and downloads from
+# a server inside a sandbox through the port tunnel and the TCP bridge
+# against a direct loopback connection to that server (and the agent's
+# port dial alone). The service runs in the bench process, over
+# `sandgate sandbox` built from this checkout. Needs root (namespaces,
+# overlayfs, cgroups). Extra arguments go to the bench program (-execs,
+# -creates, -bulk, -rounds, -port).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+exec go run ./bench/serve "$@"
