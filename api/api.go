@@ -75,6 +75,15 @@ type Sandbox struct {
 	WorkDir    string            `json:"workingDirectory"`
 }
 
+// ForkResult is what POST /v1/sandboxes/{name}/fork answers: the copy,
+// running when its source was, suspended when its source was.
+type ForkResult struct {
+	Name             string `json:"name"`
+	State            string `json:"state"`
+	Home             string `json:"home"`
+	WorkingDirectory string `json:"workingDirectory"`
+}
+
 // SandboxList is GET /v1/sandboxes's answer.
 type SandboxList struct {
 	Sandboxes []Sandbox `json:"sandboxes"`

@@ -56,7 +56,7 @@ func status(err error) int {
 		return http.StatusRequestEntityTooLarge
 	case errors.Is(err, agent.ErrUnreachable):
 		return http.StatusBadGateway
-	case errors.Is(err, appliance.ErrExists):
+	case errors.Is(err, appliance.ErrExists), errors.Is(err, appliance.ErrRunning):
 		return http.StatusConflict
 	case errors.Is(err, appliance.ErrNotFound), errors.Is(err, appliance.ErrNotRunning):
 		return http.StatusNotFound

@@ -172,6 +172,13 @@ func (p *process) stream(ctx context.Context, w io.Writer, flush func(), off int
 	}
 }
 
+// missingDir reports whether dir is certainly not a directory of the
+// sandbox (the cause of a start that failed as not found).
+func missingDir(ctx context.Context, sb *appliance.Sandbox, dir string) bool {
+	fi, err := sb.Stat(ctx, dir)
+	return errors.Is(err, fs.ErrNotExist) || (err == nil && !fi.IsDir())
+}
+
 // envName is protocol 1's rule for variable names.
 var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
@@ -301,7 +308,7 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 		Stdin: br, Stdout: outputWriter{p, api.ChannelStdout}, Stderr: outputWriter{p, api.ChannelStderr},
 	})
 	switch {
-	case err != nil && errors.Is(err, fs.ErrNotExist):
+	case err != nil && errors.Is(err, fs.ErrNotExist) && missingDir(r.Context(), sb, dir):
 		// The working directory is not there: the command "runs" and
 		// fails as a shell would, with code 2.
 		outputWriter{p, api.ChannelStderr}.Write([]byte(fmt.Sprintf("sandgate: working directory %s: no such directory\n", dir)))
@@ -428,8 +435,12 @@ func (s *Server) output(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p.mu.Lock()
-	start := p.start
+	start, end := p.start, p.end
 	p.mu.Unlock()
+	if off > end {
+		writeError(w, badRequest("offset %d is past the %d bytes of output process %s has written so far", off, end, p.id))
+		return
+	}
 	if off < start {
 		writeError(w, errorf(http.StatusGone, "bytes before %d of process %s's output are no longer kept (the last %d bytes are)", start, p.id, s.cfg.OutputBytes))
 		return

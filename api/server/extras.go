@@ -23,7 +23,11 @@ func (s *Server) audit(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if s.cfg.Audit == nil {
-		writeError(w, errorf(http.StatusNotFound, "this service keeps no audit events"))
+		writeError(w, errorf(http.StatusNotImplemented, "this service keeps no audit events"))
+		return
+	}
+	if _, err := s.m.Get(r.Context(), name); err != nil {
+		writeError(w, err)
 		return
 	}
 	if r.URL.Query().Get("follow") == "" || r.URL.Query().Get("follow") == "0" {

@@ -182,6 +182,10 @@ func (s *Server) tcpBridge(w http.ResponseWriter, r *http.Request) {
 		writeError(w, badRequest("port %q: want 1 to 65535", r.PathValue("port")))
 		return
 	}
+	if !strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
+		writeError(w, errorf(http.StatusUpgradeRequired, "the TCP bridge is a WebSocket: send a WebSocket handshake (Upgrade: websocket)"))
+		return
+	}
 	sb, err := s.m.Sandbox(name)
 	if err != nil {
 		writeError(w, errNoSandbox(name))
@@ -197,10 +201,13 @@ func (s *Server) tcpBridge(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer up.Close()
+	// No Origin check: no browser can call this service (a token, or
+	// LocalOnly, stands in front); its clients are programs.
 	ws, err := websocket.Accept(w, r, &websocket.AcceptOptions{InsecureSkipVerify: true})
 	if err != nil {
 		return // Accept wrote the refusal
 	}
+	ws.SetReadLimit(-1) // a message is raw bytes of a stream: any size
 	release := s.portOpen(name, port)
 	defer release()
 	ctx, cancel = context.WithCancel(context.Background())

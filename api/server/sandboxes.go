@@ -336,5 +336,5 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 		s.boxes[dst] = &sandboxState{allowedHosts: fromSrc.allowedHosts, baseURLs: fromSrc.baseURLs, policy: fromSrc.policy, procs: map[string]*process{}, ports: map[int]int{}}
 		s.mu.Unlock()
 	}
-	writeJSON(w, http.StatusCreated, map[string]any{"name": dst, "state": string(state), "home": sandboxDir(s.cfg.Home, dst), "workingDirectory": sandboxDir(s.cfg.WorkDir, dst)})
+	writeJSON(w, http.StatusCreated, api.ForkResult{Name: dst, State: string(state), Home: sandboxDir(s.cfg.Home, dst), WorkingDirectory: sandboxDir(s.cfg.WorkDir, dst)})
 }

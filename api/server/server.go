@@ -9,7 +9,9 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"log/slog"
+	"net"
 	"net/http"
+	"net/netip"
 	"strings"
 	"sync"
 	"time"
@@ -29,6 +31,11 @@ type Config struct {
 	// Token, when not empty, is the service token every request and
 	// tunnel must carry (compared in constant time).
 	Token string
+	// LocalOnly says the service listens on loopback without a token:
+	// then a request a browser sent (one with an Origin header) and one
+	// for a host name other than localhost or an IP address (a DNS
+	// rebinding) are refused, so that no web page can drive the sandboxes.
+	LocalOnly bool
 	// Version is the implementation version /health reports.
 	Version string
 	// Home and WorkDir are a sandbox's home and working directory;
@@ -188,6 +195,13 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.tunnel(w, r)
 		return
 	}
+	if r.Method == http.MethodHead && r.URL.Path != "/health" {
+		// ServeMux would run a GET handler for it: a whole tar, a whole
+		// file, an endless follow, for nothing.
+		w.Header().Set("Allow", "GET")
+		writeJSON(w, http.StatusMethodNotAllowed, api.Error{Error: "HEAD is not served here: use GET"})
+		return
+	}
 	h, pattern := s.mux.Handler(r)
 	if pattern == "" {
 		// No route: 404, or 405 when the path has routes for other
@@ -216,6 +230,18 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func (s *Server) check(r *http.Request) error {
 	if v, ok := r.Header[http.CanonicalHeaderKey(api.HeaderProtocol)]; ok && (len(v) != 1 || v[0] != "1") {
 		return badRequest("this service speaks protocol 1; the request says %s %q: update the client", api.HeaderProtocol, strings.Join(v, ","))
+	}
+	if s.cfg.LocalOnly {
+		if r.Header.Get("Origin") != "" {
+			return errorf(http.StatusForbidden, "a request from a web page (it has an Origin header) is refused: this service has no token; give it one (SANDBOX_SERVICE_TOKEN) to be called from elsewhere")
+		}
+		host := r.Host
+		if h, _, err := net.SplitHostPort(host); err == nil {
+			host = h
+		}
+		if _, err := netip.ParseAddr(strings.Trim(host, "[]")); err != nil && !strings.EqualFold(host, "localhost") {
+			return errorf(http.StatusForbidden, "host %q is refused: without a token this service answers only for localhost and IP addresses (a DNS rebinding defence); set SANDBOX_SERVICE_TOKEN", host)
+		}
 	}
 	if s.cfg.Token != "" {
 		got := sha256.Sum256([]byte(r.Header.Get(api.HeaderToken)))

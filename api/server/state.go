@@ -119,10 +119,16 @@ func (s *Server) policyFor(own []string, baseURLs map[string]string, rules []tra
 func (s *Server) network(st *sandboxState) (appliance.Network, error) {
 	urls := s.effectiveBaseURLs(st.baseURLs)
 	if st.policy != nil {
+		// A whole policy: the service's hosts are added to a custom one,
+		// as they are to every sandbox's list.
 		p := *st.policy
 		pr, err := s.policyFor(nil, urls, st.rules)
 		if err != nil {
 			return appliance.Network{}, err
+		}
+		if p.Mode == netpolicy.Custom || p.Mode == "" {
+			p.AllowedHosts = append(slices.Clone(p.AllowedHosts), pr.AllowedHosts...)
+			p.AllowedCIDRs = append(slices.Clone(p.AllowedCIDRs), pr.AllowedCIDRs...)
 		}
 		p.RouteHosts = pr.RouteHosts
 		return appliance.Network{Policy: p, BaseURLs: urls}, nil
@@ -159,5 +165,8 @@ func routeBaseURL(relay, value string) string {
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return value
 	}
+	// Dot segments resolved, as a URL parser does (new URL() in the
+	// reference): "/../evil.example" must not become another host's route.
+	u = u.ResolveReference(&url.URL{})
 	return origin + "/" + u.Scheme + "/" + u.Host + strings.TrimSuffix(u.EscapedPath(), "/")
 }

@@ -36,32 +36,34 @@ func parseTransformations(o object) ([]transformation, error) {
 	}
 	out := make([]transformation, 0, len(items))
 	for i, item := range items {
-		var t struct {
-			Match     json.RawMessage `json:"match"`
-			Transform json.RawMessage `json:"transform"`
-		}
-		if json.Unmarshal(item, &t) != nil || t.Match == nil {
+		// Keys are read exactly as written (encoding/json would fold
+		// their case): the rule parser reads them so too.
+		var t map[string]json.RawMessage
+		if json.Unmarshal(item, &t) != nil || t["match"] == nil {
 			return nil, badRequest("transformations[%d]: want {match: {host, ...}, transform: {headers: {...}}}", i)
 		}
-		var m struct {
-			Host *string `json:"host"`
-		}
-		if json.Unmarshal(t.Match, &m) != nil || m.Host == nil {
+		var m map[string]json.RawMessage
+		var host string
+		if json.Unmarshal(t["match"], &m) != nil || !isJSONString(m["host"]) || json.Unmarshal(m["host"], &host) != nil {
 			return nil, badRequest("transformations[%d]: match.host must be a string", i)
 		}
-		var tr struct {
-			Headers json.RawMessage `json:"headers"`
-		}
-		if t.Transform == nil || json.Unmarshal(t.Transform, &tr) != nil || len(bytes.TrimSpace(tr.Headers)) == 0 || bytes.TrimSpace(tr.Headers)[0] != '{' {
+		var tr map[string]json.RawMessage
+		if t["transform"] == nil || json.Unmarshal(t["transform"], &tr) != nil || len(bytes.TrimSpace(tr["headers"])) == 0 || bytes.TrimSpace(tr["headers"])[0] != '{' {
 			return nil, badRequest("transformations[%d]: transform.headers must be an object of strings", i)
 		}
-		hs, err := orderedStrings(tr.Headers)
+		hs, err := orderedStrings(tr["headers"])
 		if err != nil {
 			return nil, badRequest("transformations[%d]: transform.headers must be an object of strings", i)
 		}
-		out = append(out, transformation{host: *m.Host, match: t.Match, headers: hs})
+		out = append(out, transformation{host: host, match: t["match"], headers: hs})
 	}
 	return out, nil
+}
+
+// isJSONString reports whether raw is a JSON string.
+func isJSONString(raw json.RawMessage) bool {
+	t := bytes.TrimSpace(raw)
+	return len(t) > 0 && t[0] == '"'
 }
 
 // orderedStrings reads a JSON object of strings in document order.

@@ -270,7 +270,7 @@ func runServe(c *cli.Context) error {
 		return err
 	}
 	srvh, err := server.New(server.Config{
-		Manager: m, Token: c.String("token"), Version: serveVersion(),
+		Manager: m, Token: c.String("token"), LocalOnly: loopback && c.String("token") == "", Version: serveVersion(),
 		Home: c.String("home"), WorkDir: c.String("workdir"), Path: c.String("path"),
 		AllowedHosts: sc.allowedHosts, BaseURLs: sc.baseURLs, EgressPort: c.Int("egress-port"),
 		Audit: rings, Modules: pp.runtime, Metrics: pp.reg, OutputBytes: int(sc.outputBytes), Logger: logger,
