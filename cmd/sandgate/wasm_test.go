@@ -66,7 +66,7 @@ func TestWasmCheck(t *testing.T) {
 // Go panic, and a wasm stack trace. It is one line, the message once, exit 2.
 func TestWasmCheckBadConfigIsOneLine(t *testing.T) {
 	probe := probeGuest(t)
-	code, out, errOut := runCLI(t, "wasm", "check", probe, "--wasm-cache-dir="+t.TempDir(),
+	code, out, errOut := runCLI(t, "wasm", "check", probe, "--wasm-cache-dir="+gobuild.WasmCache(t),
 		"--config", "init log 2 probe:%20config:%20missing%20closing%20)\ninit panic")
 	want := "sandgate: wasm module probe: its start function failed: probe: config: missing closing )\n"
 	if code != exitBadInput || out != "" || errOut != want {

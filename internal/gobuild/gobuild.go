@@ -39,6 +39,15 @@ func Sandgate(t testing.TB) string {
 // GOARCH=wasm -buildmode=c-shared), the form sandgate loads.
 func Wasm(t testing.TB, pkg string) string {
 	t.Helper()
+	p := WasmBinary(t, pkg)
+	warmWasmCache(t, p)
+	return p
+}
+
+// WasmBinary is Wasm for a test that only reads the module's bytes: it is
+// not compiled into WasmCache.
+func WasmBinary(t testing.TB, pkg string) string {
+	t.Helper()
 	return wasm(t, pkg, []string{"-buildmode=c-shared"}, ".wasm")
 }
 
@@ -47,7 +56,9 @@ func Wasm(t testing.TB, pkg string) string {
 // refuse.
 func WasmCommand(t testing.TB, pkg string) string {
 	t.Helper()
-	return wasm(t, pkg, nil, ".command.wasm")
+	p := wasm(t, pkg, nil, ".command.wasm")
+	warmWasmCache(t, p)
+	return p
 }
 
 func wasm(t testing.TB, pkg string, flags []string, suffix string) string {
@@ -63,9 +74,7 @@ func wasm(t testing.TB, pkg string, flags []string, suffix string) string {
 	// directory of its own per package.
 	sub := strings.NewReplacer("/", "_", ".", "_").Replace(strings.TrimPrefix(pkg, "github.com/sandgate/sandgate/"))
 	name := filepath.Join(sub, filepath.Base(pkg)+suffix)
-	p := build(t, pkg, name, []string{"GOOS=wasip1", "GOARCH=wasm", "CGO_ENABLED=0"}, flags)
-	warmWasmCache(t, p)
-	return p
+	return build(t, pkg, name, []string{"GOOS=wasip1", "GOARCH=wasm", "CGO_ENABLED=0"}, flags)
 }
 
 func build(t testing.TB, pkg, name string, env, flags []string) string {

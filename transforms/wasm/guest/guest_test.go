@@ -3,16 +3,11 @@
 package guest_test
 
 import (
-	"context"
-	"fmt"
 	"maps"
 	"os"
 	"slices"
 	"strings"
 	"testing"
-
-	"github.com/tetratelabs/wazero"
-	"github.com/tetratelabs/wazero/api"
 
 	"github.com/sandgate/sandgate/internal/gobuild"
 )
@@ -68,47 +63,21 @@ type module struct {
 }
 
 // compile builds testdata/<name> as a wasip1 reactor and reads its import
-// and export sections with wazero.
+// and export sections.
 func compile(t *testing.T, name string) module {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("builds a wasm module with the Go toolchain; skipped in -short mode")
 	}
-	bin, err := os.ReadFile(gobuild.Wasm(t, "./testdata/"+name))
+	bin, err := os.ReadFile(gobuild.WasmBinary(t, "./testdata/"+name))
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx := context.Background()
-	r := wazero.NewRuntimeWithConfig(ctx, wazero.NewRuntimeConfigInterpreter())
-	defer r.Close(ctx)
-	cm, err := r.CompileModule(ctx, bin)
+	m, err := readSections(bin)
 	if err != nil {
-		t.Fatalf("wazero cannot compile %s: %v", name, err)
+		t.Fatalf("reading %s: %v", name, err)
 	}
-	m := module{imports: map[string]string{}, exports: map[string]string{}}
-	for _, f := range cm.ImportedFunctions() {
-		mod, fn, _ := f.Import()
-		if mod == "wasi_snapshot_preview1" {
-			continue // the Go runtime's; the host provides WASI
-		}
-		m.imports[mod+"."+fn] = signature(f)
-	}
-	for n, f := range cm.ExportedFunctions() {
-		m.exports[n] = signature(f)
-	}
-	_, m.memory = cm.ExportedMemories()["memory"]
 	return m
-}
-
-func signature(f api.FunctionDefinition) string {
-	names := func(ts []api.ValueType) string {
-		var s []string
-		for _, t := range ts {
-			s = append(s, api.ValueTypeName(t))
-		}
-		return strings.Join(s, ",")
-	}
-	return fmt.Sprintf("(%s) %s", names(f.ParamTypes()), names(f.ResultTypes()))
 }
 
 // checkShape asserts what every module made with the library has: memory
