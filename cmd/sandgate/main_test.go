@@ -90,6 +90,7 @@ func binary(t *testing.T) string {
 // transformation whose secret comes from the environment, sends a routed
 // request and a CONNECT through it, and greps every artifact for the secret.
 func TestProxyEndToEnd(t *testing.T) {
+	t.Parallel() // a process of its own, waiting more than working
 	bin := binary(t)
 	d := dnstest.Start(t)
 	ca := tlstest.MustCA(t)

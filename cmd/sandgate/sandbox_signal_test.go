@@ -19,6 +19,7 @@ import (
 // for ever. It must give up after signalAnswerTimeout, exit 128+SIGTERM and
 // say why.
 func TestSandboxExecGivesUpOnStalledInit(t *testing.T) {
+	t.Parallel() // a process of its own, waiting more than working
 	if os.Geteuid() != 0 {
 		t.Skip("sandboxes need root (namespaces, overlayfs, cgroups): run the tests as root")
 	}

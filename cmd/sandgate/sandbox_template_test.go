@@ -11,6 +11,7 @@ import (
 // template, a sandbox runs on it, and the template cannot be removed until
 // that sandbox is gone.
 func TestSandboxTemplateCLI(t *testing.T) {
+	t.Parallel() // a process of its own, waiting more than working
 	if os.Geteuid() != 0 {
 		t.Skip("sandboxes need root (namespaces, overlayfs, cgroups, loop devices): run the tests as root")
 	}

@@ -32,6 +32,7 @@ func serveEnv(t *testing.T, extra ...string) []string {
 
 // Bad or unsafe settings stop serve at start, naming the variable.
 func TestServeRefusesBadSettings(t *testing.T) {
+	t.Parallel() // a process of its own, waiting more than working
 	for _, tc := range []struct {
 		env  []string
 		want string
@@ -117,6 +118,7 @@ func call(t *testing.T, method, url, body string) (int, string) {
 // SIGTERM saves every running sandbox, logs which, and exits 0; a new
 // serve over the same state resumes it with its files.
 func TestServeSavesAllOnSIGTERM(t *testing.T) {
+	t.Parallel() // a process of its own, waiting more than working
 	if os.Geteuid() != 0 {
 		t.Skip("sandboxes need root (namespaces, overlayfs, cgroups): run the tests as root")
 	}
