@@ -34,6 +34,28 @@ func Sandgate(t testing.TB) string {
 	return build(t, "github.com/sandgate/sandgate/cmd/sandgate", "sandgate", nil, []string{wazeroDevVersion})
 }
 
+// GoogleCLI returns the path of internal/googlecli, a stand-in for Google's
+// Cloud Run sandbox CLI, installed as `sandbox` (the name by which
+// appliance.Launcher knows Google's CLI) beside a `sandgate` that is
+// Sandgate(t), which it runs underneath.
+func GoogleCLI(t testing.TB) string {
+	t.Helper()
+	bin := Sandgate(t)
+	p := build(t, "github.com/sandgate/sandgate/internal/googlecli", filepath.Join("googlecli", "sandbox"), nil, nil)
+	linkOnce.Do(func() {
+		linkErr = os.Symlink(bin, filepath.Join(filepath.Dir(p), "sandgate"))
+	})
+	if linkErr != nil {
+		t.Fatalf("installing sandgate beside the Google CLI stand-in: %v", linkErr)
+	}
+	return p
+}
+
+var (
+	linkOnce sync.Once
+	linkErr  error
+)
+
 // Wasm returns the path of the Go package pkg (an import path, or a
 // directory) built as a WebAssembly reactor module (GOOS=wasip1
 // GOARCH=wasm -buildmode=c-shared), the form sandgate loads.
@@ -135,6 +157,7 @@ func Cleanup() {
 		dir = ""
 		once = map[string]*sync.Once{}
 		built = map[string]*result{}
+		linkOnce, linkErr = sync.Once{}, nil
 	}
 }
 
