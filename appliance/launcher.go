@@ -140,8 +140,9 @@ func fileExists(p string) bool {
 
 // LaunchOptions are what the sandbox CLI starts a new sandbox from.
 type LaunchOptions struct {
-	// ImportTar is a layer tar (compressed or not) to start the writable
-	// layer from: a snapshot being resumed, or a template.
+	// ImportTar is a layer tar to start the writable layer from: a
+	// snapshot being resumed, or a template. `sandgate sandbox` takes it
+	// bare, zstd or gzip; Google's CLI bare only (see BareImports).
 	ImportTar string
 	// Template is a template of `sandgate sandbox` (ImportTemplate)
 	// mounted beneath the sandbox's own layer. Google's CLI has none.
@@ -159,6 +160,11 @@ func (l *Launcher) Create(ctx context.Context, id string, opts LaunchOptions) er
 	args := []string{"run", id, "--detach", "--write",
 		"--mount", "type=bind,source=" + l.agent + ",destination=" + AgentPath + ",readonly"}
 	if opts.ImportTar != "" {
+		if l.google {
+			if err := checkBareTar(opts.ImportTar); err != nil {
+				return err
+			}
+		}
 		args = append(args, "--import-tar="+opts.ImportTar)
 	}
 	if opts.Template != "" {
@@ -182,6 +188,29 @@ func (l *Launcher) Create(ctx context.Context, id string, opts LaunchOptions) er
 	return l.do(ctx, args...)
 }
 
+// BareImports reports whether the CLI must be given a bare (uncompressed)
+// tar to import. Google's reference calls the file of --import-tar a
+// "tarball" and says nothing of compression, so its CLI is given nothing
+// else; `sandgate sandbox` also takes zstd and gzip.
+func (l *Launcher) BareImports() bool { return l.google }
+
+// checkBareTar refuses a compressed layer for Google's CLI, before it runs.
+func checkBareTar(file string) error {
+	f, err := os.Open(file)
+	if err != nil {
+		return fmt.Errorf("%w: the layer to import: %v", localbox.ErrBadInput, err)
+	}
+	defer f.Close()
+	head := make([]byte, 4)
+	n, _ := io.ReadFull(f, head)
+	for _, magic := range [][]byte{{0x28, 0xb5, 0x2f, 0xfd}, {0x1f, 0x8b}} {
+		if bytes.HasPrefix(head[:n], magic) {
+			return fmt.Errorf("%w: %s is compressed; Google's sandbox CLI is given bare tars only: decompress it first (snapshot.Decompress)", localbox.ErrBadInput, file)
+		}
+	}
+	return nil
+}
+
 // Tar writes the writable layer of sandbox id to file, as a layer tar.
 func (l *Launcher) Tar(ctx context.Context, id, file string) error {
 	return l.do(ctx, "tar", id, "--file="+file)
@@ -191,24 +220,26 @@ func (l *Launcher) Tar(ctx context.Context, id, file string) error {
 // it to EOF, then Close, which reports how the CLI ended (a stream cut
 // short by a failing CLI can look like a shorter layer: trust nothing read
 // until Close returned nil). `sandgate sandbox` writes it to a pipe;
-// Google's CLI writes a file in dir, which the stream reads and removes.
+// Google's CLI writes a file in dir, which the stream reads and removes:
+// a path that does not exist yet, in a directory of its own, since its
+// reference does not say whether `tar` overwrites a file.
 func (l *Launcher) TarStream(ctx context.Context, id, dir string) (io.ReadCloser, error) {
 	if l.google {
-		f, err := os.CreateTemp(dir, "layer-"+id+"-*.tar")
+		d, err := os.MkdirTemp(dir, "layer-"+id+"-*")
 		if err != nil {
 			return nil, err
 		}
-		f.Close()
-		if err := l.Tar(ctx, id, f.Name()); err != nil {
-			os.Remove(f.Name())
+		name := filepath.Join(d, "layer.tar")
+		if err := l.Tar(ctx, id, name); err != nil {
+			os.RemoveAll(d)
 			return nil, err
 		}
-		r, err := os.Open(f.Name())
+		r, err := os.Open(name)
 		if err != nil {
-			os.Remove(f.Name())
+			os.RemoveAll(d)
 			return nil, err
 		}
-		return &layerFile{File: r}, nil
+		return &layerFile{File: r, dir: d}, nil
 	}
 	args := []string{"tar", id, "--file=-"}
 	cmd := l.command(ctx, args...)
@@ -248,12 +279,16 @@ func (p *layerPipe) Close() error {
 	return p.wait()
 }
 
-// layerFile is a layer the CLI wrote to a temporary file, removed on Close.
-type layerFile struct{ *os.File }
+// layerFile is a layer the CLI wrote to a file in a temporary directory,
+// removed on Close.
+type layerFile struct {
+	*os.File
+	dir string
+}
 
 func (f *layerFile) Close() error {
 	f.File.Close()
-	return os.Remove(f.Name())
+	return os.RemoveAll(f.dir)
 }
 
 // Fork starts sandbox dst, detached, from a copy of src's writable layer.
