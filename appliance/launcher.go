@@ -351,9 +351,33 @@ func (l *Launcher) List(ctx context.Context) ([]localbox.Info, error) {
 	return infos, nil
 }
 
-// Delete stops every process of sandbox id and removes it.
+// Delete stops every process of sandbox id and removes it. A sandbox that
+// is not there is ErrNotFound: from the exit status of `sandgate sandbox`;
+// with Google's CLI, whose every failure exits 1, when the delete failed
+// and the sandbox cannot run anything either (see Gone).
 func (l *Launcher) Delete(ctx context.Context, id string) error {
-	return l.do(ctx, "delete", id, "--force")
+	err := l.do(ctx, "delete", id, "--force")
+	var ce *CLIError
+	if l.google && errors.As(err, &ce) && ce.Kind == nil && l.Gone(ctx, id) {
+		ce.Kind = ErrNotFound
+	}
+	return err
+}
+
+// Gone reports whether sandbox id can be taken as not there (or not
+// running) after one of its verbs failed with Google's CLI, which exits 1
+// for every failure and whose messages are no interface: the CLI cannot
+// run even `sandgate version` (the binary mounted in every sandbox the
+// launcher starts) in it. A second observation, never a status: the
+// caller may then stop restarting its agent, or forget it. With
+// `sandgate sandbox`, whose statuses say it, Gone is always false.
+func (l *Launcher) Gone(ctx context.Context, id string) bool {
+	if !l.google || ctx.Err() != nil {
+		return false
+	}
+	_, err := l.run(ctx, nil, "exec", id, "--", AgentPath, "version")
+	var ce *CLIError
+	return errors.As(err, &ce)
 }
 
 // cliOutputMax bounds what is kept of a CLI's output for an error message.

@@ -139,10 +139,11 @@ func TestSandboxDeletedBehindItsBack(t *testing.T) {
 // TestGoogleCLIFailuresUntyped: Google's CLI exits with one status for
 // every failure, so the launcher types none of them, even a status that
 // means "not found" from `sandgate sandbox`; the same status from a
-// sandgate CLI is typed.
+// sandgate CLI is typed. (The sandbox here still runs commands: exec
+// succeeds, so the launcher has no second observation that it is gone.)
 func TestGoogleCLIFailuresUntyped(t *testing.T) {
 	dir := t.TempDir()
-	script := "#!/bin/sh\necho 'something failed' >&2\nexit 120\n"
+	script := "#!/bin/sh\n[ \"$1\" = exec ] && exit 0\necho 'something failed' >&2\nexit 120\n"
 	google := filepath.Join(dir, "google", "sandbox") // the launcher knows Google's CLI by its name
 	ours := filepath.Join(dir, "ours", "sandgate")
 	for _, p := range []string{google, ours} {
@@ -170,6 +171,37 @@ func TestGoogleCLIFailuresUntyped(t *testing.T) {
 		if typed := errors.Is(err, ErrNotFound); typed == tc.isGoogle {
 			t.Errorf("%s: errors.Is(err, ErrNotFound) = %v", tc.cli, typed)
 		}
+	}
+}
+
+// TestGoogleCLIGoneFromASecondObservation: with Google's CLI a failed
+// delete is ErrNotFound only when the sandbox cannot run anything either
+// (exec fails too), whatever status the CLI chose.
+func TestGoogleCLIGoneFromASecondObservation(t *testing.T) {
+	dir := t.TempDir()
+	google := filepath.Join(dir, "google", "sandbox")
+	os.MkdirAll(filepath.Dir(google), 0o755)
+	if err := os.WriteFile(google, []byte("#!/bin/sh\necho \"$1 failed\" >&2\nexit 1\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	l, err := NewLauncher(LauncherConfig{CLI: google, AgentBinary: google})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = l.Delete(context.Background(), "some-id")
+	var ce *CLIError
+	if !errors.Is(err, ErrNotFound) || !errors.As(err, &ce) || !strings.Contains(ce.Output, "delete failed") {
+		t.Errorf("delete of a sandbox that runs nothing: %v, want ErrNotFound with the CLI's output", err)
+	}
+	if !l.Gone(context.Background(), "some-id") {
+		t.Error("Gone = false for a sandbox that runs nothing")
+	}
+	ours, err := NewLauncher(LauncherConfig{CLI: filepath.Join(dir, "sandgate"), AgentBinary: google})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ours.Gone(context.Background(), "some-id") {
+		t.Error("Gone is true for `sandgate sandbox`, whose statuses say it")
 	}
 }
 

@@ -601,3 +601,36 @@ func allowAll(t *testing.T) netpolicy.Policy {
 	}
 	return p
 }
+
+// A sandbox removed behind the manager's back (by another process, or gone
+// with its main process) is reported gone, can be destroyed, and its id
+// used again, on both CLIs. On Google's, whose failures all exit 1, the
+// launcher learns that it is gone by failing to run anything in it, never
+// from a status.
+func TestSandboxVanishedBehindTheManager(t *testing.T) {
+	for _, mode := range cliModes {
+		t.Run(string(mode), func(t *testing.T) { testSandboxVanishedBehindTheManager(t, mode) })
+	}
+}
+
+func testSandboxVanishedBehindTheManager(t *testing.T, mode cliMode) {
+	r := newManagerRigOn(t, mode, newStore(t, "dir"), nil)
+	sb := r.create("gone", CreateOptions{})
+	if err := r.l.Delete(r.ctx(), "gone"); err != nil {
+		t.Fatal(err)
+	}
+	var err error
+	waitFor(t, "operations to report the sandbox gone", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_, err = sb.Run(ctx, agent.Cmd{Args: []string{"true"}})
+		return errors.Is(err, ErrNotFound)
+	})
+	if err := r.m.Destroy(r.ctx(), "gone"); err != nil {
+		t.Fatalf("destroy of a sandbox that vanished: %v", err)
+	}
+	r.create("gone", CreateOptions{})
+	if code, out := r.sh("gone", "echo again"); code != 0 || out != "again\n" {
+		t.Errorf("the id used again: %d %q", code, out)
+	}
+}
