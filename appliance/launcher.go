@@ -68,7 +68,9 @@ type LauncherConfig struct {
 // non-zero status), and its messages are not a documented interface, so
 // the launcher does not guess from text. There the caller knows which ids
 // exist from its own registry of the sandboxes it made; only ErrBadInput
-// (an id the launcher refuses before running the CLI) is typed.
+// (an id or a layer the launcher refuses before running the CLI) is typed,
+// and ErrNotFound where a second observation says it (Gone: a failed
+// delete, or agent start, in a sandbox that cannot run anything either).
 //
 // A command's exit status never comes from the CLI's. The launcher never
 // runs a user's command with the CLI: it runs one process per sandbox,

@@ -58,6 +58,15 @@
 //	fork SRC DST     not confirmed anywhere we could search.
 //
 // Ids follow the reference's rule, ^[a-zA-Z0-9][a-zA-Z0-9-]*$.
+//
+// Where the reference is silent the stand-in is the stricter of the
+// readings, so that the launcher does not come to rely on the kinder one:
+// `delete --force` of a sandbox that is not there fails (one third-party
+// program that probed Google's CLI found it succeeds; the launcher copes
+// either way), and a compressed --import-tar is refused. Not copied: that
+// same probe found that `exec` may fail for a moment right after
+// `run --detach` returned; here a detached run returns once the sandbox
+// accepts exec.
 package main
 
 import (
