@@ -157,11 +157,6 @@ func (s *Sandbox) connect(ctx context.Context) (*agent.Client, *link, error) {
 			// is gone, or stopped): a fact, not a hiccup of the link.
 			return nil, nil, fmt.Errorf("sandbox %s: starting its agent: %w (%w; %s)", s.id, kind, err, k.exitReason())
 		}
-		if k.err != nil && s.l.Gone(ctx, s.id) {
-			// Google's CLI says nothing by its status; that it cannot
-			// run anything in the sandbox either does.
-			return nil, nil, fmt.Errorf("sandbox %s: starting its agent: %w: the sandbox CLI runs nothing in it (%w; %s)", s.id, ErrNotFound, err, k.exitReason())
-		}
 		return nil, nil, fmt.Errorf("sandbox %s: starting its agent: %w (%s)", s.id, err, k.exitReason())
 	}
 	return c, k, nil
@@ -222,6 +217,12 @@ func (s *Sandbox) supervise() {
 				s.set(c, k)
 				s.log.Info("agent restarted", "attempt", n)
 				break
+			}
+			if !errors.Is(err, ErrNotFound) && !errors.Is(err, ErrNotRunning) && s.l.Gone(s.ctx, s.id) {
+				// Google's CLI says nothing by its status; that it cannot
+				// run anything in the sandbox either does. (Only here: a
+				// sandbox being created is not gone, it failed.)
+				err = fmt.Errorf("%w: the sandbox CLI runs nothing in sandbox %s (%w)", ErrNotFound, s.id, err)
 			}
 			if errors.Is(err, ErrNotFound) || errors.Is(err, ErrNotRunning) {
 				// Deleted or stopped behind our back: no restart can help.
