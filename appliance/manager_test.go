@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -632,5 +633,39 @@ func testSandboxVanishedBehindTheManager(t *testing.T, mode cliMode) {
 	r.create("gone", CreateOptions{})
 	if code, out := r.sh("gone", "echo again"); code != 0 || out != "again\n" {
 		t.Errorf("the id used again: %d %q", code, out)
+	}
+}
+
+// Google's CLI may return from a detached run or fork before the sandbox
+// accepts exec (its stand-in does so when asked): create, fork and resume
+// wait for it instead of failing.
+func TestGoogleCLISlowStart(t *testing.T) {
+	r := newManagerRigOn(t, googleCLI, newStore(t, "dir"), nil)
+	if err := os.WriteFile(r.egress.state+".slow-start", []byte("300ms"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// The stand-in does refuse exec right after a detached run.
+	if err := r.l.Create(r.ctx(), "probe", LaunchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if !r.l.Gone(r.ctx(), "probe") {
+		t.Fatal("exec right after run --detach worked: the slow start is not emulated")
+	}
+	r.l.Delete(r.ctx(), "probe")
+	r.create("slow", CreateOptions{})
+	r.sh("slow", "echo kept > /root/f")
+	if _, err := r.m.Fork(r.ctx(), "slow", "slow-copy", ForkOptions{}); err != nil {
+		t.Fatalf("fork: %v", err)
+	}
+	if err := r.m.Suspend(r.ctx(), "slow"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.m.Resume(r.ctx(), "slow", ResumeOptions{Network: Network{Policy: r.pol}}); err != nil {
+		t.Fatalf("resume: %v", err)
+	}
+	for _, id := range []string{"slow", "slow-copy"} {
+		if code, out := r.sh(id, "cat /root/f"); code != 0 || out != "kept\n" {
+			t.Errorf("%s: %d %q", id, code, out)
+		}
 	}
 }

@@ -63,10 +63,11 @@
 // readings, so that the launcher does not come to rely on the kinder one:
 // `delete --force` of a sandbox that is not there fails (one third-party
 // program that probed Google's CLI found it succeeds; the launcher copes
-// either way), and a compressed --import-tar is refused. Not copied: that
-// same probe found that `exec` may fail for a moment right after
-// `run --detach` returned; here a detached run returns once the sandbox
-// accepts exec.
+// either way), and a compressed --import-tar is refused. That same probe
+// found that `exec` may fail for a moment right after `run --detach`
+// returned; the stand-in does so too when asked (a file named
+// SANDGATE_STATE_DIR + ".slow-start" holding a duration, e.g. 500ms): for
+// that long after a detached run or fork, exec into the new sandbox fails.
 package main
 
 import (
@@ -85,6 +86,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 )
 
 // exitFailure is the status for every failure: of the CLI itself and of the
@@ -356,7 +358,13 @@ func runVerb(p *parsed) error {
 		args = append(args, "--stdin=false")
 	}
 	args = append(append(args, "--"), p.cmd...)
-	return sandgate(args, p.bools["stdin"] && !p.bools["detach"])
+	if err := sandgate(args, p.bools["stdin"] && !p.bools["detach"]); err != nil {
+		return err
+	}
+	if p.bools["detach"] {
+		markStarting(p.pos[0])
+	}
+	return nil
 }
 
 func execVerb(p *parsed) error {
@@ -365,6 +373,9 @@ func execVerb(p *parsed) error {
 	}
 	if !p.dash || len(p.cmd) == 0 {
 		return usagef("sandbox exec: put the command after --")
+	}
+	if stillStarting(p.pos[0]) {
+		return usagef("sandbox %s is not running yet", p.pos[0])
 	}
 	args := []string{"exec", p.pos[0]}
 	for _, e := range p.multi["env"] {
@@ -396,7 +407,56 @@ func forkVerb(p *parsed) error {
 	if p.bools["detach"] {
 		args = append(args, "--detach")
 	}
-	return sandgate(args, false)
+	if err := sandgate(args, false); err != nil {
+		return err
+	}
+	if p.bools["detach"] {
+		markStarting(p.pos[1])
+	}
+	return nil
+}
+
+// slowStart is how long exec into a sandbox fails after a detached run or
+// fork returned (what SANDGATE_STATE_DIR + ".slow-start" says, else 0),
+// and the directory recording until when, per sandbox.
+func slowStart() (time.Duration, string) {
+	state := os.Getenv("SANDGATE_STATE_DIR")
+	if state == "" {
+		return 0, ""
+	}
+	b, err := os.ReadFile(state + ".slow-start")
+	if err != nil {
+		return 0, ""
+	}
+	d, err := time.ParseDuration(strings.TrimSpace(string(b)))
+	if err != nil {
+		return 0, ""
+	}
+	return d, state + ".starting"
+}
+
+// markStarting records until when exec into sandbox id fails.
+func markStarting(id string) {
+	d, dir := slowStart()
+	if d <= 0 {
+		return
+	}
+	os.MkdirAll(dir, 0o700)
+	os.WriteFile(filepath.Join(dir, id), []byte(strconv.FormatInt(time.Now().Add(d).UnixNano(), 10)), 0o600)
+}
+
+// stillStarting reports whether exec into sandbox id fails for now.
+func stillStarting(id string) bool {
+	_, dir := slowStart()
+	if dir == "" {
+		return false
+	}
+	b, err := os.ReadFile(filepath.Join(dir, id))
+	if err != nil {
+		return false
+	}
+	until, err := strconv.ParseInt(string(b), 10, 64)
+	return err == nil && time.Now().UnixNano() < until
 }
 
 func deleteVerb(p *parsed) error {
