@@ -24,9 +24,10 @@ func versionCommand() *cli.Command {
 	}
 }
 
-// linkVersion and linkCommit are set at link time where the build has no module
-// version or VCS information to read them from: the image's build stage
-// (see the Dockerfile) builds from a copy of the source without .git, with
+// linkVersion and linkCommit are set at link time where the build has no
+// module version or VCS information to read them from: the image's build
+// stage (see the Dockerfile) builds from a copy of the source without
+// .git, with
 //
 //	-ldflags "-X main.linkVersion=v1.2.3 -X main.linkCommit=<sha>"
 //
