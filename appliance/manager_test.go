@@ -206,6 +206,13 @@ func testLifecycle(t *testing.T, mode cliMode, kind string) {
 	if seen := strings.Join(r.seenByUpstream(), "\n"); !strings.Contains(seen, "key="+r.canary) {
 		t.Errorf("the upstream never got the swapped credential: %q", seen)
 	}
+	// A command's status is the agent's, whatever the CLI would say (1 for
+	// all of these on Google's).
+	for _, code := range []int{1, 120, 137} {
+		if got, _ := r.sh("life", fmt.Sprintf("exit %d", code)); got != code {
+			t.Errorf("exit %d through the manager's sandbox: got %d", code, got)
+		}
+	}
 	if r.state("life") != Running {
 		t.Fatalf("state %q, want running", r.state("life"))
 	}
