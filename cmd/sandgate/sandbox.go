@@ -82,7 +82,7 @@ deleted.`,
 			Usage:     "write sandbox ID's writable layer to --file",
 			ArgsUsage: "ID --file=F",
 			Flags: []cli.Flag{
-				&cli.StringFlag{Name: "file", Aliases: []string{"f"}, Usage: "write the layer to `FILE` (required; - for standard output)"},
+				&cli.StringFlag{Name: "file", Aliases: []string{"f"}, Usage: "write the layer to `FILE` (required), - for standard output"},
 				&cli.StringFlag{Name: "compression", Value: "none", Usage: "compress with `ALGORITHM`: none, zstd or gzip"},
 			},
 			OnUsageError: usageError,
