@@ -68,7 +68,9 @@ type LauncherConfig struct {
 // non-zero status), and its messages are not a documented interface, so
 // the launcher does not guess from text. There the caller knows which ids
 // exist from its own registry of the sandboxes it made; only ErrBadInput
-// (an id the launcher refuses before running the CLI) is typed.
+// (an id or a layer the launcher refuses before running the CLI) is typed,
+// and ErrNotFound where a second observation says it (Gone: a failed
+// delete, or agent start, in a sandbox that cannot run anything either).
 //
 // A command's exit status never comes from the CLI's. The launcher never
 // runs a user's command with the CLI: it runs one process per sandbox,
@@ -140,8 +142,9 @@ func fileExists(p string) bool {
 
 // LaunchOptions are what the sandbox CLI starts a new sandbox from.
 type LaunchOptions struct {
-	// ImportTar is a layer tar (compressed or not) to start the writable
-	// layer from: a snapshot being resumed, or a template.
+	// ImportTar is a layer tar to start the writable layer from: a
+	// snapshot being resumed, or a template. `sandgate sandbox` takes it
+	// bare, zstd or gzip; Google's CLI bare only (see BareImports).
 	ImportTar string
 	// Template is a template of `sandgate sandbox` (ImportTemplate)
 	// mounted beneath the sandbox's own layer. Google's CLI has none.
@@ -159,6 +162,11 @@ func (l *Launcher) Create(ctx context.Context, id string, opts LaunchOptions) er
 	args := []string{"run", id, "--detach", "--write",
 		"--mount", "type=bind,source=" + l.agent + ",destination=" + AgentPath + ",readonly"}
 	if opts.ImportTar != "" {
+		if l.google {
+			if err := checkBareTar(opts.ImportTar); err != nil {
+				return err
+			}
+		}
 		args = append(args, "--import-tar="+opts.ImportTar)
 	}
 	if opts.Template != "" {
@@ -182,6 +190,29 @@ func (l *Launcher) Create(ctx context.Context, id string, opts LaunchOptions) er
 	return l.do(ctx, args...)
 }
 
+// BareImports reports whether the CLI must be given a bare (uncompressed)
+// tar to import. Google's reference calls the file of --import-tar a
+// "tarball" and says nothing of compression, so its CLI is given nothing
+// else; `sandgate sandbox` also takes zstd and gzip.
+func (l *Launcher) BareImports() bool { return l.google }
+
+// checkBareTar refuses a compressed layer for Google's CLI, before it runs.
+func checkBareTar(file string) error {
+	f, err := os.Open(file)
+	if err != nil {
+		return fmt.Errorf("%w: the layer to import: %v", localbox.ErrBadInput, err)
+	}
+	defer f.Close()
+	head := make([]byte, 4)
+	n, _ := io.ReadFull(f, head)
+	for _, magic := range [][]byte{{0x28, 0xb5, 0x2f, 0xfd}, {0x1f, 0x8b}} {
+		if bytes.HasPrefix(head[:n], magic) {
+			return fmt.Errorf("%w: %s is compressed; Google's sandbox CLI is given bare tars only: decompress it first (snapshot.Decompress)", localbox.ErrBadInput, file)
+		}
+	}
+	return nil
+}
+
 // Tar writes the writable layer of sandbox id to file, as a layer tar.
 func (l *Launcher) Tar(ctx context.Context, id, file string) error {
 	return l.do(ctx, "tar", id, "--file="+file)
@@ -191,24 +222,26 @@ func (l *Launcher) Tar(ctx context.Context, id, file string) error {
 // it to EOF, then Close, which reports how the CLI ended (a stream cut
 // short by a failing CLI can look like a shorter layer: trust nothing read
 // until Close returned nil). `sandgate sandbox` writes it to a pipe;
-// Google's CLI writes a file in dir, which the stream reads and removes.
+// Google's CLI writes a file in dir, which the stream reads and removes:
+// a path that does not exist yet, in a directory of its own, since its
+// reference does not say whether `tar` overwrites a file.
 func (l *Launcher) TarStream(ctx context.Context, id, dir string) (io.ReadCloser, error) {
 	if l.google {
-		f, err := os.CreateTemp(dir, "layer-"+id+"-*.tar")
+		d, err := os.MkdirTemp(dir, "layer-"+id+"-*")
 		if err != nil {
 			return nil, err
 		}
-		f.Close()
-		if err := l.Tar(ctx, id, f.Name()); err != nil {
-			os.Remove(f.Name())
+		name := filepath.Join(d, "layer.tar")
+		if err := l.Tar(ctx, id, name); err != nil {
+			os.RemoveAll(d)
 			return nil, err
 		}
-		r, err := os.Open(f.Name())
+		r, err := os.Open(name)
 		if err != nil {
-			os.Remove(f.Name())
+			os.RemoveAll(d)
 			return nil, err
 		}
-		return &layerFile{File: r}, nil
+		return &layerFile{File: r, dir: d}, nil
 	}
 	args := []string{"tar", id, "--file=-"}
 	cmd := l.command(ctx, args...)
@@ -248,12 +281,16 @@ func (p *layerPipe) Close() error {
 	return p.wait()
 }
 
-// layerFile is a layer the CLI wrote to a temporary file, removed on Close.
-type layerFile struct{ *os.File }
+// layerFile is a layer the CLI wrote to a file in a temporary directory,
+// removed on Close.
+type layerFile struct {
+	*os.File
+	dir string
+}
 
 func (f *layerFile) Close() error {
 	f.File.Close()
-	return os.Remove(f.Name())
+	return os.RemoveAll(f.dir)
 }
 
 // Fork starts sandbox dst, detached, from a copy of src's writable layer.
@@ -316,9 +353,33 @@ func (l *Launcher) List(ctx context.Context) ([]localbox.Info, error) {
 	return infos, nil
 }
 
-// Delete stops every process of sandbox id and removes it.
+// Delete stops every process of sandbox id and removes it. A sandbox that
+// is not there is ErrNotFound: from the exit status of `sandgate sandbox`;
+// with Google's CLI, whose every failure exits 1, when the delete failed
+// and the sandbox cannot run anything either (see Gone).
 func (l *Launcher) Delete(ctx context.Context, id string) error {
-	return l.do(ctx, "delete", id, "--force")
+	err := l.do(ctx, "delete", id, "--force")
+	var ce *CLIError
+	if l.google && errors.As(err, &ce) && ce.Kind == nil && l.Gone(ctx, id) {
+		ce.Kind = ErrNotFound
+	}
+	return err
+}
+
+// Gone reports whether sandbox id can be taken as not there (or not
+// running) after one of its verbs failed with Google's CLI, which exits 1
+// for every failure and whose messages are no interface: the CLI cannot
+// run even `sandgate version` (the binary mounted in every sandbox the
+// launcher starts) in it. A second observation, never a status: the
+// caller may then stop restarting its agent, or forget it. With
+// `sandgate sandbox`, whose statuses say it, Gone is always false.
+func (l *Launcher) Gone(ctx context.Context, id string) bool {
+	if !l.google || ctx.Err() != nil {
+		return false
+	}
+	_, err := l.run(ctx, nil, "exec", id, "--", AgentPath, "version")
+	var ce *CLIError
+	return errors.As(err, &ce)
 }
 
 // cliOutputMax bounds what is kept of a CLI's output for an error message.

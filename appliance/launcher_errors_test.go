@@ -91,9 +91,17 @@ func TestLauncherErrorsTyped(t *testing.T) {
 
 // TestExitCodesComeFromTheAgent: a command's exit status is what the agent
 // reports, never read from the sandbox CLI's: a command exiting with each
-// status the CLI uses for its own failures is just that command's status.
+// status a CLI uses for its own failures is just that command's status,
+// on `sandgate sandbox` (typed statuses) and on Google's CLI (which would
+// say 1 for all of them).
 func TestExitCodesComeFromTheAgent(t *testing.T) {
-	e := newEnv(t)
+	for _, mode := range cliModes {
+		t.Run(string(mode), func(t *testing.T) { testExitCodesComeFromTheAgent(t, mode) })
+	}
+}
+
+func testExitCodesComeFromTheAgent(t *testing.T, mode cliMode) {
+	e := newEnvOn(t, mode)
 	for _, code := range []int{1, 2, 119, 120, 121, 122, 123, 137} {
 		st, err := e.sb.Run(e.ctx(), agent.Cmd{Args: []string{"/bin/sh", "-c", fmt.Sprintf("exit %d", code)}})
 		if err != nil || st.Code != code || st.Signal != 0 {
@@ -131,10 +139,11 @@ func TestSandboxDeletedBehindItsBack(t *testing.T) {
 // TestGoogleCLIFailuresUntyped: Google's CLI exits with one status for
 // every failure, so the launcher types none of them, even a status that
 // means "not found" from `sandgate sandbox`; the same status from a
-// sandgate CLI is typed.
+// sandgate CLI is typed. (The sandbox here still runs commands: exec
+// succeeds, so the launcher has no second observation that it is gone.)
 func TestGoogleCLIFailuresUntyped(t *testing.T) {
 	dir := t.TempDir()
-	script := "#!/bin/sh\necho 'something failed' >&2\nexit 120\n"
+	script := "#!/bin/sh\n[ \"$1\" = exec ] && exit 0\necho 'something failed' >&2\nexit 120\n"
 	google := filepath.Join(dir, "google", "sandbox") // the launcher knows Google's CLI by its name
 	ours := filepath.Join(dir, "ours", "sandgate")
 	for _, p := range []string{google, ours} {
@@ -162,5 +171,97 @@ func TestGoogleCLIFailuresUntyped(t *testing.T) {
 		if typed := errors.Is(err, ErrNotFound); typed == tc.isGoogle {
 			t.Errorf("%s: errors.Is(err, ErrNotFound) = %v", tc.cli, typed)
 		}
+	}
+}
+
+// TestGoogleCLIGoneFromASecondObservation: with Google's CLI a failed
+// delete is ErrNotFound only when the sandbox cannot run anything either
+// (exec fails too), whatever status the CLI chose.
+func TestGoogleCLIGoneFromASecondObservation(t *testing.T) {
+	dir := t.TempDir()
+	google := filepath.Join(dir, "google", "sandbox")
+	os.MkdirAll(filepath.Dir(google), 0o755)
+	if err := os.WriteFile(google, []byte("#!/bin/sh\necho \"$1 failed\" >&2\nexit 1\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	l, err := NewLauncher(LauncherConfig{CLI: google, AgentBinary: google})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = l.Delete(context.Background(), "some-id")
+	var ce *CLIError
+	if !errors.Is(err, ErrNotFound) || !errors.As(err, &ce) || !strings.Contains(ce.Output, "delete failed") {
+		t.Errorf("delete of a sandbox that runs nothing: %v, want ErrNotFound with the CLI's output", err)
+	}
+	if !l.Gone(context.Background(), "some-id") {
+		t.Error("Gone = false for a sandbox that runs nothing")
+	}
+	ours, err := NewLauncher(LauncherConfig{CLI: filepath.Join(dir, "sandgate"), AgentBinary: google})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ours.Gone(context.Background(), "some-id") {
+		t.Error("Gone is true for `sandgate sandbox`, whose statuses say it")
+	}
+}
+
+// TestAgentLinkOverGoogleCLIIsPipes: on Google's CLI the agent's link is
+// the CLI's stdio relayed through pipes (its stand-in, as Google's CLI,
+// never hands over its own descriptors), so the agent cannot pass sockets
+// and egress goes over the link as bytes.
+func TestAgentLinkOverGoogleCLIIsPipes(t *testing.T) {
+	e := newEnvOn(t, googleCLI)
+	// The agent is the process whose command line is exactly AgentPath
+	// agent (the sandbox's main one has --idle).
+	st, out, errs := e.sh(`for p in /proc/[0-9]*; do
+	if [ "$(tr '\0' ' ' < $p/cmdline 2>/dev/null)" = "` + AgentPath + ` agent " ]; then readlink $p/fd/0 $p/fd/1; fi
+done`)
+	fds := strings.Fields(out)
+	if st.Code != 0 || len(fds) != 2 {
+		t.Fatalf("the agent's stdio: %v %q %q", st, out, errs)
+	}
+	if !strings.HasPrefix(fds[0], "pipe:[") || !strings.HasPrefix(fds[1], "pipe:[") || fds[0] == fds[1] {
+		t.Errorf("the agent's stdin and stdout are %q; want two pipes", fds)
+	}
+	// Egress still works, over the link.
+	if st, out, _ := e.sh("curl -sS $ANTHROPIC_BASE_URL/v1/pipes"); st.Code != 0 || out != "upstream saw GET /v1/pipes" {
+		t.Errorf("egress over the pipes: %v %q", st, out)
+	}
+}
+
+// TestGoogleCLIGetsBareTars: a compressed layer is refused for Google's CLI
+// before it runs (its reference promises nothing but "a tarball"); a bare
+// one is passed on.
+func TestGoogleCLIGetsBareTars(t *testing.T) {
+	dir := t.TempDir()
+	ran := filepath.Join(dir, "ran")
+	google := filepath.Join(dir, "google", "sandbox")
+	os.MkdirAll(filepath.Dir(google), 0o755)
+	if err := os.WriteFile(google, []byte("#!/bin/sh\necho \"$@\" >> "+ran+"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	l, err := NewLauncher(LauncherConfig{CLI: google, AgentBinary: google})
+	if err != nil {
+		t.Fatal(err)
+	}
+	zst := filepath.Join(dir, "layer.tar.zst")
+	os.WriteFile(zst, []byte{0x28, 0xb5, 0x2f, 0xfd, 0, 0, 0, 0}, 0o600)
+	gz := filepath.Join(dir, "layer.tar.gz")
+	os.WriteFile(gz, []byte{0x1f, 0x8b, 8, 0}, 0o600)
+	for _, f := range []string{zst, gz} {
+		if err := l.Create(context.Background(), "bare", LaunchOptions{ImportTar: f}); !errors.Is(err, ErrBadInput) || !strings.Contains(err.Error(), "bare tar") {
+			t.Errorf("create from %s: %v, want ErrBadInput naming bare tars", f, err)
+		}
+	}
+	if _, err := os.Stat(ran); err == nil {
+		t.Fatal("the CLI ran for a compressed layer")
+	}
+	bare := filepath.Join(dir, "layer.tar")
+	os.WriteFile(bare, make([]byte, 1024), 0o600)
+	if err := l.Create(context.Background(), "bare", LaunchOptions{ImportTar: bare}); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(ran); !strings.Contains(string(b), "--import-tar="+bare) {
+		t.Errorf("the CLI ran with %q", b)
 	}
 }

@@ -227,7 +227,8 @@ func (m *Manager) saveSnapshotOf(ctx context.Context, id string, created time.Ti
 }
 
 // fetchLayer copies the layer under key to a temporary file, checking it
-// against digest (its manifest's, and the record's).
+// against digest (its manifest's, and the record's): as it is stored, or
+// decompressed for a CLI that imports bare tars only (Google's).
 func (m *Manager) fetchLayer(ctx context.Context, key, digest string) (string, func(), error) {
 	l, err := snapshot.Load(ctx, m.st, key)
 	if err != nil {
@@ -237,15 +238,37 @@ func (m *Manager) fetchLayer(ctx context.Context, key, digest string) (string, f
 	if l.Manifest.Digest != digest {
 		return "", nil, fmt.Errorf("%w: %s is %s, its record says %s", snapshot.ErrDigestMismatch, key, l.Manifest.Digest, digest)
 	}
-	file, cleanup, err := m.tempFile("fetch-*" + filepath.Ext(key))
+	ext := filepath.Ext(key)
+	if m.l.BareImports() {
+		ext = snapshot.None.Ext()
+	}
+	file, cleanup, err := m.tempFile("fetch-*" + ext)
 	if err != nil {
 		return "", nil, err
 	}
-	if err := copyToFile(file, l); err != nil {
+	if err := copyLayer(file, l, m.l.BareImports()); err != nil {
 		cleanup()
 		return "", nil, fmt.Errorf("%w: reading %s: %v", ErrStore, key, err)
 	}
 	return file, cleanup, nil
+}
+
+// copyLayer writes layer l to file, decompressed when bare. A decompressed
+// layer is still read to its end, so that its digest is checked.
+func copyLayer(file string, l *snapshot.Layer, bare bool) error {
+	if !bare {
+		return copyToFile(file, l)
+	}
+	dec, err := snapshot.Decompress(l)
+	if err != nil {
+		return err
+	}
+	defer dec.Close()
+	if err := copyToFile(file, dec); err != nil {
+		return err
+	}
+	_, err = io.Copy(io.Discard, l)
+	return err
 }
 
 func copyToFile(file string, r io.Reader) error {
@@ -261,7 +284,8 @@ func copyToFile(file string, r io.Reader) error {
 }
 
 // mergeToFile folds a delta layer onto its template layer into one full
-// layer in a temporary file: what Google's CLI imports.
+// layer in a temporary file: what Google's CLI imports (bare, see
+// Launcher.BareImports).
 func (m *Manager) mergeToFile(ctx context.Context, base *record, deltaKey, deltaDigest string) (string, func(), error) {
 	bl, err := snapshot.Load(ctx, m.st, base.Layer)
 	if err != nil {
@@ -276,7 +300,11 @@ func (m *Manager) mergeToFile(ctx context.Context, base *record, deltaKey, delta
 	if bl.Manifest.Digest != base.Digest || dl.Manifest.Digest != deltaDigest {
 		return "", nil, fmt.Errorf("%w: a layer does not match its record", snapshot.ErrDigestMismatch)
 	}
-	file, cleanup, err := m.tempFile("merged-*.tar.zst")
+	comp := snapshot.Zstd
+	if m.l.BareImports() {
+		comp = snapshot.None
+	}
+	file, cleanup, err := m.tempFile("merged-*" + comp.Ext())
 	if err != nil {
 		return "", nil, err
 	}
@@ -285,7 +313,7 @@ func (m *Manager) mergeToFile(ctx context.Context, base *record, deltaKey, delta
 		cleanup()
 		return "", nil, err
 	}
-	_, err = snapshot.MergeLayers(ctx, bl, dl, f, snapshot.MergeOptions{})
+	_, err = snapshot.MergeLayers(ctx, bl, dl, f, snapshot.MergeOptions{Compression: comp})
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -55,7 +56,14 @@ func newStore(t *testing.T, kind string) store.Store {
 
 func newManagerRig(t *testing.T, st store.Store, tweak func(*ManagerConfig)) *mrig {
 	t.Helper()
-	r := &mrig{t: t, egress: newEgress(t), st: st, log: &syncbuf.Buffer{}}
+	return newManagerRigOn(t, ourCLI, st, tweak)
+}
+
+// newManagerRigOn is newManagerRig with the launcher driving the CLI of
+// mode.
+func newManagerRigOn(t *testing.T, mode cliMode, st store.Store, tweak func(*ManagerConfig)) *mrig {
+	t.Helper()
+	r := &mrig{t: t, egress: newEgressOn(t, mode), st: st, log: &syncbuf.Buffer{}}
 	r.cfg = ManagerConfig{
 		Launcher: r.l, Proxy: r.proxy, Store: st, Version: "test", ImageID: "test-image",
 		WorkDir: t.TempDir(), IdleSuspend: -1,
@@ -173,75 +181,87 @@ func (r *mrig) storeHolds(s string) bool {
 	return false
 }
 
-// The whole life of a sandbox on both stores: create, files, suspend (its
-// credentials never saved), resume with its files, create refusing a
+// The whole life of a sandbox on both stores and both CLIs (ours, and
+// Google's as documented: see internal/googlecli): create, files, suspend
+// (its credentials never saved), resume with its files, create refusing a
 // suspended id, idempotent suspend and destroy.
 func TestLifecycle(t *testing.T) {
-	for _, kind := range storeKinds {
-		t.Run(kind, func(t *testing.T) {
-			r := newManagerRig(t, newStore(t, kind), nil)
-			r.create("life", CreateOptions{Transforms: r.rules(t), Dirs: []string{"/home/agent", "/workspace"}})
-			if code, out := r.sh("life", "echo kept > /workspace/f; echo tmp > /tmp/t; test -d /home/agent && echo home"); code != 0 || out != "home\n" {
-				t.Fatalf("first command: %d %q", code, out)
-			}
-			// The credential is swapped on the way out, never inside.
-			if code, out := r.sh("life", "curl -sS -H 'X-Api-Key: sandgate-placeholder-key' $ANTHROPIC_BASE_URL/v1/x"); code != 0 || out != "upstream saw GET /v1/x" {
-				t.Fatalf("route: %d %q", code, out)
-			}
-			if seen := strings.Join(r.seenByUpstream(), "\n"); !strings.Contains(seen, "key="+r.canary) {
-				t.Errorf("the upstream never got the swapped credential: %q", seen)
-			}
-			if r.state("life") != Running {
-				t.Fatalf("state %q, want running", r.state("life"))
-			}
-			if err := r.m.Suspend(r.ctx(), "life"); err != nil {
-				t.Fatal(err)
-			}
-			in, err := r.m.Get(r.ctx(), "life")
-			if err != nil || in.State != Suspended || in.LayerBytes <= 0 || in.Created.IsZero() {
-				t.Fatalf("after suspend: %+v, %v", in, err)
-			}
-			if _, err := r.m.Sandbox("life"); !errors.Is(err, ErrNotRunning) {
-				t.Errorf("Sandbox of a suspended one: %v", err)
-			}
-			if err := r.m.Suspend(r.ctx(), "life"); err != nil {
-				t.Errorf("suspend again: %v, want nil (idempotent)", err)
-			}
-			if _, err := r.m.Create(r.ctx(), "life", CreateOptions{Network: Network{Policy: r.pol}}); !errors.Is(err, ErrExists) {
-				t.Errorf("create over a suspended sandbox: %v, want ErrExists", err)
-			}
-			if r.storeHolds(r.canary) {
-				t.Errorf("the canary secret is in the store after suspend")
-			}
-			if _, err := r.m.Resume(r.ctx(), "life", ResumeOptions{Network: Network{Policy: r.pol}}); err != nil {
-				t.Fatal(err)
-			}
-			if code, out := r.sh("life", "cat /workspace/f; test -e /tmp/t || echo no-tmp"); code != 0 || out != "kept\nno-tmp\n" {
-				t.Errorf("after resume: %d %q", code, out)
-			}
-			if in, _ := r.m.Get(r.ctx(), "life"); in.State != Running {
-				t.Errorf("after resume: %q, want running", in.State)
-			}
-			// Spent, and kept as the last good state until the next save.
-			if rec, err := r.m.readRecord(r.ctx(), snapshotRecordKey("life")); err != nil || !rec.Spent {
-				t.Errorf("the snapshot after resume: %+v, %v; want it kept, spent", rec, err)
-			}
-			if err := r.m.Destroy(r.ctx(), "life"); err != nil {
-				t.Fatal(err)
-			}
-			if err := r.m.Destroy(r.ctx(), "life"); err != nil {
-				t.Errorf("destroy again: %v, want nil (idempotent)", err)
-			}
-			if _, err := r.m.Resume(r.ctx(), "life", ResumeOptions{}); !errors.Is(err, ErrNotFound) {
-				t.Errorf("resume after destroy: %v, want ErrNotFound", err)
-			}
-			if infos, _ := r.st.List(r.ctx(), ""); len(infos) != 0 {
-				t.Errorf("the store holds %d objects after destroy", len(infos))
-			}
-			if !strings.Contains(r.log.String(), "life suspended in ") {
-				t.Errorf("no suspend event in the log:\n%s", r.log.String())
-			}
-		})
+	for _, mode := range cliModes {
+		for _, kind := range storeKinds {
+			t.Run(string(mode)+"/"+kind, func(t *testing.T) { testLifecycle(t, mode, kind) })
+		}
+	}
+}
+
+func testLifecycle(t *testing.T, mode cliMode, kind string) {
+	r := newManagerRigOn(t, mode, newStore(t, kind), nil)
+	r.create("life", CreateOptions{Transforms: r.rules(t), Dirs: []string{"/home/agent", "/workspace"}})
+	if code, out := r.sh("life", "echo kept > /workspace/f; echo tmp > /tmp/t; test -d /home/agent && echo home"); code != 0 || out != "home\n" {
+		t.Fatalf("first command: %d %q", code, out)
+	}
+	// The credential is swapped on the way out, never inside.
+	if code, out := r.sh("life", "curl -sS -H 'X-Api-Key: sandgate-placeholder-key' $ANTHROPIC_BASE_URL/v1/x"); code != 0 || out != "upstream saw GET /v1/x" {
+		t.Fatalf("route: %d %q", code, out)
+	}
+	if seen := strings.Join(r.seenByUpstream(), "\n"); !strings.Contains(seen, "key="+r.canary) {
+		t.Errorf("the upstream never got the swapped credential: %q", seen)
+	}
+	// A command's status is the agent's, whatever the CLI would say (1 for
+	// all of these on Google's).
+	for _, code := range []int{1, 120, 137} {
+		if got, _ := r.sh("life", fmt.Sprintf("exit %d", code)); got != code {
+			t.Errorf("exit %d through the manager's sandbox: got %d", code, got)
+		}
+	}
+	if r.state("life") != Running {
+		t.Fatalf("state %q, want running", r.state("life"))
+	}
+	if err := r.m.Suspend(r.ctx(), "life"); err != nil {
+		t.Fatal(err)
+	}
+	in, err := r.m.Get(r.ctx(), "life")
+	if err != nil || in.State != Suspended || in.LayerBytes <= 0 || in.Created.IsZero() {
+		t.Fatalf("after suspend: %+v, %v", in, err)
+	}
+	if _, err := r.m.Sandbox("life"); !errors.Is(err, ErrNotRunning) {
+		t.Errorf("Sandbox of a suspended one: %v", err)
+	}
+	if err := r.m.Suspend(r.ctx(), "life"); err != nil {
+		t.Errorf("suspend again: %v, want nil (idempotent)", err)
+	}
+	if _, err := r.m.Create(r.ctx(), "life", CreateOptions{Network: Network{Policy: r.pol}}); !errors.Is(err, ErrExists) {
+		t.Errorf("create over a suspended sandbox: %v, want ErrExists", err)
+	}
+	if r.storeHolds(r.canary) {
+		t.Errorf("the canary secret is in the store after suspend")
+	}
+	if _, err := r.m.Resume(r.ctx(), "life", ResumeOptions{Network: Network{Policy: r.pol}}); err != nil {
+		t.Fatal(err)
+	}
+	if code, out := r.sh("life", "cat /workspace/f; test -e /tmp/t || echo no-tmp"); code != 0 || out != "kept\nno-tmp\n" {
+		t.Errorf("after resume: %d %q", code, out)
+	}
+	if in, _ := r.m.Get(r.ctx(), "life"); in.State != Running {
+		t.Errorf("after resume: %q, want running", in.State)
+	}
+	// Spent, and kept as the last good state until the next save.
+	if rec, err := r.m.readRecord(r.ctx(), snapshotRecordKey("life")); err != nil || !rec.Spent {
+		t.Errorf("the snapshot after resume: %+v, %v; want it kept, spent", rec, err)
+	}
+	if err := r.m.Destroy(r.ctx(), "life"); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.m.Destroy(r.ctx(), "life"); err != nil {
+		t.Errorf("destroy again: %v, want nil (idempotent)", err)
+	}
+	if _, err := r.m.Resume(r.ctx(), "life", ResumeOptions{}); !errors.Is(err, ErrNotFound) {
+		t.Errorf("resume after destroy: %v, want ErrNotFound", err)
+	}
+	if infos, _ := r.st.List(r.ctx(), ""); len(infos) != 0 {
+		t.Errorf("the store holds %d objects after destroy", len(infos))
+	}
+	if !strings.Contains(r.log.String(), "life suspended in ") {
+		t.Errorf("no suspend event in the log:\n%s", r.log.String())
 	}
 }
 
@@ -358,7 +378,13 @@ func TestStoreFailuresLoseNothing(t *testing.T) {
 // A template is made once and used by two sandboxes; a sandbox made from
 // it saves only what it changed.
 func TestTemplateSharedAndDeltaSmall(t *testing.T) {
-	r := newManagerRig(t, newStore(t, "dir"), nil)
+	for _, mode := range cliModes {
+		t.Run(string(mode), func(t *testing.T) { testTemplateSharedAndDeltaSmall(t, mode) })
+	}
+}
+
+func testTemplateSharedAndDeltaSmall(t *testing.T, mode cliMode) {
+	r := newManagerRigOn(t, mode, newStore(t, "dir"), nil)
 	r.create("builder", CreateOptions{Transforms: r.rules(t)})
 	r.sh("builder", "curl -sS -H 'X-Api-Key: sandgate-placeholder-key' $ANTHROPIC_BASE_URL/v1/y > /root/answer 2>&1")
 	// 8 MiB of incompressible bytes the sandboxes inherit.
@@ -414,7 +440,13 @@ func TestTemplateSharedAndDeltaSmall(t *testing.T) {
 // Fork of a running sandbox runs a copy; fork of a suspended one copies
 // its snapshot, which stays.
 func TestFork(t *testing.T) {
-	r := newManagerRig(t, newStore(t, "dir"), nil)
+	for _, mode := range cliModes {
+		t.Run(string(mode), func(t *testing.T) { testFork(t, mode) })
+	}
+}
+
+func testFork(t *testing.T, mode cliMode) {
+	r := newManagerRigOn(t, mode, newStore(t, "dir"), nil)
 	r.create("src", CreateOptions{})
 	r.sh("src", "echo original > /root/f")
 	if st, err := r.m.Fork(r.ctx(), "src", "copy", ForkOptions{}); err != nil || st != Running {
@@ -507,7 +539,13 @@ c, _ = s.accept(); c.recv(1)`
 // SaveAll saves every running sandbox in parallel; cut short, it saves
 // none, corrupts nothing, and the sandboxes run on.
 func TestSaveAll(t *testing.T) {
-	r := newManagerRig(t, newStore(t, "dir"), nil)
+	for _, mode := range cliModes {
+		t.Run(string(mode), func(t *testing.T) { testSaveAll(t, mode) })
+	}
+}
+
+func testSaveAll(t *testing.T, mode cliMode) {
+	r := newManagerRigOn(t, mode, newStore(t, "dir"), nil)
 	for i := range 3 {
 		id := fmt.Sprintf("s%d", i)
 		r.create(id, CreateOptions{})
@@ -570,4 +608,72 @@ func allowAll(t *testing.T) netpolicy.Policy {
 		t.Fatal(err)
 	}
 	return p
+}
+
+// A sandbox removed behind the manager's back (by another process, or gone
+// with its main process) is reported gone, can be destroyed, and its id
+// used again, on both CLIs. On Google's, whose failures all exit 1, the
+// launcher learns that it is gone by failing to run anything in it, never
+// from a status.
+func TestSandboxVanishedBehindTheManager(t *testing.T) {
+	for _, mode := range cliModes {
+		t.Run(string(mode), func(t *testing.T) { testSandboxVanishedBehindTheManager(t, mode) })
+	}
+}
+
+func testSandboxVanishedBehindTheManager(t *testing.T, mode cliMode) {
+	r := newManagerRigOn(t, mode, newStore(t, "dir"), nil)
+	sb := r.create("gone", CreateOptions{})
+	if err := r.l.Delete(r.ctx(), "gone"); err != nil {
+		t.Fatal(err)
+	}
+	var err error
+	waitFor(t, "operations to report the sandbox gone", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_, err = sb.Run(ctx, agent.Cmd{Args: []string{"true"}})
+		// `sandgate sandbox` may catch it stopped on its way out.
+		return errors.Is(err, ErrNotFound) || errors.Is(err, ErrNotRunning)
+	})
+	if err := r.m.Destroy(r.ctx(), "gone"); err != nil {
+		t.Fatalf("destroy of a sandbox that vanished: %v", err)
+	}
+	r.create("gone", CreateOptions{})
+	if code, out := r.sh("gone", "echo again"); code != 0 || out != "again\n" {
+		t.Errorf("the id used again: %d %q", code, out)
+	}
+}
+
+// Google's CLI may return from a detached run or fork before the sandbox
+// accepts exec (its stand-in does so when asked): create, fork and resume
+// wait for it instead of failing.
+func TestGoogleCLISlowStart(t *testing.T) {
+	r := newManagerRigOn(t, googleCLI, newStore(t, "dir"), nil)
+	if err := os.WriteFile(r.egress.state+".slow-start", []byte("300ms"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// The stand-in does refuse exec right after a detached run.
+	if err := r.l.Create(r.ctx(), "probe", LaunchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if !r.l.Gone(r.ctx(), "probe") {
+		t.Fatal("exec right after run --detach worked: the slow start is not emulated")
+	}
+	r.l.Delete(r.ctx(), "probe")
+	r.create("slow", CreateOptions{})
+	r.sh("slow", "echo kept > /root/f")
+	if _, err := r.m.Fork(r.ctx(), "slow", "slow-copy", ForkOptions{}); err != nil {
+		t.Fatalf("fork: %v", err)
+	}
+	if err := r.m.Suspend(r.ctx(), "slow"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.m.Resume(r.ctx(), "slow", ResumeOptions{Network: Network{Policy: r.pol}}); err != nil {
+		t.Fatalf("resume: %v", err)
+	}
+	for _, id := range []string{"slow", "slow-copy"} {
+		if code, out := r.sh(id, "cat /root/f"); code != 0 || out != "kept\n" {
+			t.Errorf("%s: %d %q", id, code, out)
+		}
+	}
 }

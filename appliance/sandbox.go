@@ -115,6 +115,9 @@ func start(ctx context.Context, l *Launcher, proxy *relay.Proxy, id string, opts
 		return nil, err
 	}
 	c, k, err := s.connect(ctx)
+	if err != nil && l.google {
+		c, k, err = s.connectWhenReady(ctx, err)
+	}
 	if err != nil {
 		s.cancel(err)
 		cleanup, stop := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
@@ -160,6 +163,31 @@ func (s *Sandbox) connect(ctx context.Context) (*agent.Client, *link, error) {
 		return nil, nil, fmt.Errorf("sandbox %s: starting its agent: %w (%s)", s.id, err, k.exitReason())
 	}
 	return c, k, nil
+}
+
+// googleReadyWait bounds how long the first agent start in a sandbox
+// Google's CLI just started is tried again.
+const googleReadyWait = 15 * time.Second
+
+// connectWhenReady tries the first agent start again, for a while: Google's
+// CLI may return from `run --detach` (or `fork --detach`) before the
+// sandbox accepts `exec` (a third-party probe of it found so; its reference
+// does not say), and its status does not tell that from any other failure.
+func (s *Sandbox) connectWhenReady(ctx context.Context, err error) (*agent.Client, *link, error) {
+	deadline := time.Now().Add(googleReadyWait)
+	for wait := 50 * time.Millisecond; time.Now().Before(deadline); wait = min(2*wait, time.Second) {
+		select {
+		case <-ctx.Done():
+			return nil, nil, err
+		case <-time.After(wait):
+		}
+		c, k, cerr := s.connect(ctx)
+		if cerr == nil {
+			return c, k, nil
+		}
+		err = cerr
+	}
+	return nil, nil, err
 }
 
 // egress serves one connection a sandbox process made to its relay
@@ -217,6 +245,12 @@ func (s *Sandbox) supervise() {
 				s.set(c, k)
 				s.log.Info("agent restarted", "attempt", n)
 				break
+			}
+			if !errors.Is(err, ErrNotFound) && !errors.Is(err, ErrNotRunning) && s.l.Gone(s.ctx, s.id) {
+				// Google's CLI says nothing by its status; that it cannot
+				// run anything in the sandbox either does. (Only here: a
+				// sandbox being created is not gone, it failed.)
+				err = fmt.Errorf("%w: the sandbox CLI runs nothing in sandbox %s (%w)", ErrNotFound, s.id, err)
 			}
 			if errors.Is(err, ErrNotFound) || errors.Is(err, ErrNotRunning) {
 				// Deleted or stopped behind our back: no restart can help.

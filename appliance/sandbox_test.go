@@ -75,7 +75,27 @@ type egress struct {
 	seen []string // what the upstream received: method path and credential headers
 }
 
-func newEgress(t *testing.T) *egress {
+// cliMode is the sandbox CLI a test's launcher drives.
+type cliMode string
+
+const (
+	// ourCLI is `sandgate sandbox`: typed exit statuses, descriptor
+	// passing, templates.
+	ourCLI cliMode = "sandgate"
+	// googleCLI is internal/googlecli, which behaves as Google's CLI is
+	// documented to (one exit status for every failure, stdio relayed
+	// through pipes, no templates), over `sandgate sandbox`: the launcher
+	// drives it in Google mode.
+	googleCLI cliMode = "google"
+)
+
+// cliModes are the CLIs every lifecycle test runs against.
+var cliModes = []cliMode{ourCLI, googleCLI}
+
+func newEgress(t *testing.T) *egress { return newEgressOn(t, ourCLI) }
+
+// newEgressOn is newEgress with the launcher driving the CLI of mode.
+func newEgressOn(t *testing.T, mode cliMode) *egress {
 	t.Helper()
 	skipUnlessSandboxes(t)
 	e := &egress{state: t.TempDir()}
@@ -109,9 +129,16 @@ func newEgress(t *testing.T) *egress {
 	t.Cleanup(func() { e.proxy.Close() })
 
 	bin := gobuild.Sandgate(t)
-	e.l, err = NewLauncher(LauncherConfig{CLI: bin, StateDir: e.state, AgentBinary: bin})
+	cli := bin
+	if mode == googleCLI {
+		cli = gobuild.GoogleCLI(t)
+	}
+	e.l, err = NewLauncher(LauncherConfig{CLI: cli, StateDir: e.state, AgentBinary: bin})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if e.l.Google() != (mode == googleCLI) {
+		t.Fatalf("launcher over %s: Google() = %v", cli, e.l.Google())
 	}
 	if e.pol, err = netpolicy.ParsePolicy([]byte(`{"mode":"custom","allowedHosts":["api.example.com"]}`)); err != nil {
 		t.Fatal(err)
@@ -137,9 +164,12 @@ func (e *egress) seenByUpstream() []string {
 	return slices.Clone(e.seen)
 }
 
-func newEnv(t *testing.T) *env {
+func newEnv(t *testing.T) *env { return newEnvOn(t, ourCLI) }
+
+// newEnvOn is newEnv with the launcher driving the CLI of mode.
+func newEnvOn(t *testing.T, mode cliMode) *env {
 	t.Helper()
-	g := newEgress(t)
+	g := newEgressOn(t, mode)
 	e := &env{t: t, egress: g}
 	proxy, pol, rs := g.proxy, g.pol, g.rules(t)
 	var err error

@@ -110,6 +110,15 @@ func newDecompressor(br *bufio.Reader) (io.ReadCloser, Compression, error) {
 	return io.NopCloser(br), None, nil
 }
 
+// Decompress returns the bare tar stream of layer r, whatever its
+// compression (zstd, gzip or none, detected from its first bytes as every
+// reader of layers here does), with the decoder bounds kept for hostile
+// streams. Close releases the decoder, not r.
+func Decompress(r io.Reader) (io.ReadCloser, error) {
+	dec, _, err := newDecompressor(bufio.NewReaderSize(r, 1<<20))
+	return dec, err
+}
+
 type zstdReadCloser struct{ d *zstd.Decoder }
 
 func (z zstdReadCloser) Read(p []byte) (int, error) { return z.d.Read(p) }

@@ -24,6 +24,16 @@ func versionCommand() *cli.Command {
 	}
 }
 
+// linkVersion and linkCommit are set at link time where the build has no
+// module version or VCS information to read them from: the image's build
+// stage (see the Dockerfile) builds from a copy of the source without
+// .git, with
+//
+//	-ldflags "-X main.linkVersion=v1.2.3 -X main.linkCommit=<sha>"
+//
+// Empty (any other build) means: read them from the build information.
+var linkVersion, linkCommit string
+
 func printVersion(w io.Writer) error {
 	bi, ok := debug.ReadBuildInfo()
 	if !ok {
@@ -37,12 +47,13 @@ func printVersion(w io.Writer) error {
 // build information (nil when it has none): the main module's version, the
 // Go version and the VCS commit, "unknown" for what was not recorded (a
 // build with -buildvcs=false, or outside a git checkout, has no commit).
+// The link-time version and commit win over the build information.
 func versionText(bi *debug.BuildInfo) string {
-	version, goVersion := "unknown", runtime.Version()
+	v, goVersion := "unknown", runtime.Version()
 	commit, when, modified := "unknown", "", false
 	if bi != nil {
 		if bi.Main.Version != "" {
-			version = bi.Main.Version
+			v = bi.Main.Version
 		}
 		if bi.GoVersion != "" {
 			goVersion = bi.GoVersion
@@ -58,8 +69,14 @@ func versionText(bi *debug.BuildInfo) string {
 			}
 		}
 	}
+	if linkVersion != "" {
+		v = linkVersion
+	}
+	if linkCommit != "" {
+		commit, when, modified = linkCommit, "", false
+	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "sandgate version %s\n", version)
+	fmt.Fprintf(&b, "sandgate version %s\n", v)
 	fmt.Fprintf(&b, "go version %s %s/%s\n", goVersion, runtime.GOOS, runtime.GOARCH)
 	var notes []string
 	if when != "" {

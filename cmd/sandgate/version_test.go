@@ -35,6 +35,13 @@ func TestVersionText(t *testing.T) {
 	if got := versionText(nil); !strings.HasPrefix(got, "sandgate version unknown\ngo version "+runtime.Version()) || !strings.Contains(got, "commit unknown") {
 		t.Errorf("without build information: %q", got)
 	}
+	// Set at link time (the image's build): they win.
+	linkVersion, linkCommit = "v1.2.3", "abc123"
+	defer func() { linkVersion, linkCommit = "", "" }()
+	bi.Main.Version = "(devel)"
+	if got := versionText(bi); !strings.HasPrefix(got, "sandgate version v1.2.3\n") || !strings.HasSuffix(got, "\ncommit abc123\n") {
+		t.Errorf("with a link-time version and commit: %q", got)
+	}
 }
 
 // TestBareCommandIsUsage: "sandgate" alone printed help and exited 0, as if

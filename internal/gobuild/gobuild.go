@@ -25,14 +25,48 @@ var (
 	dir   string
 )
 
-// Sandgate returns the path of ./cmd/sandgate built for this machine. Its
-// wazero calls itself "dev", as it does in a test binary, so that the
-// binary and race-built tests share compiled modules (see WasmCache): give
-// it `--wasm-cache-dir` WasmCache(t) when it loads modules.
+// Sandgate returns the path of ./cmd/sandgate built for this machine,
+// compiled as the image's build stage compiles it (ImageEnv, ImageFlags:
+// static, no local paths), so that tests run what the image runs and the
+// image test (cmd/sandgate) only has to link. Its wazero calls itself
+// "dev", as it does in a test binary, so that the binary and race-built
+// tests share compiled modules (see WasmCache): give it `--wasm-cache-dir`
+// WasmCache(t) when it loads modules.
 func Sandgate(t testing.TB) string {
 	t.Helper()
-	return build(t, "github.com/sandgate/sandgate/cmd/sandgate", "sandgate", nil, []string{wazeroDevVersion})
+	return build(t, "github.com/sandgate/sandgate/cmd/sandgate", "sandgate", ImageEnv, append([]string{wazeroDevVersion}, ImageFlags...))
 }
+
+// ImageEnv and ImageFlags are how the Dockerfile's build stage compiles
+// sandgate (cmd/sandgate's image test checks that it still does): what
+// decides how each package compiles, and so what the build cache shares
+// between Sandgate and that stage. Its -ldflags only change the link.
+var (
+	ImageEnv   = []string{"CGO_ENABLED=0"}
+	ImageFlags = []string{"-trimpath"}
+)
+
+// GoogleCLI returns the path of internal/googlecli, a stand-in for Google's
+// Cloud Run sandbox CLI, installed as `sandbox` (the name by which
+// appliance.Launcher knows Google's CLI) beside a `sandgate` that is
+// Sandgate(t), which it runs underneath.
+func GoogleCLI(t testing.TB) string {
+	t.Helper()
+	bin := Sandgate(t)
+	p := build(t, "github.com/sandgate/sandgate/internal/googlecli", filepath.Join("googlecli", "sandbox"), nil, nil)
+	linkOnce.Do(func() {
+		linkErr = os.Symlink(bin, filepath.Join(filepath.Dir(p), "sandgate"))
+	})
+	if linkErr != nil {
+		t.Fatalf("installing sandgate beside the Google CLI stand-in: %v", linkErr)
+	}
+	return p
+}
+
+var (
+	linkOnce sync.Once
+	linkErr  error
+)
 
 // Wasm returns the path of the Go package pkg (an import path, or a
 // directory) built as a WebAssembly reactor module (GOOS=wasip1
@@ -144,6 +178,7 @@ func Cleanup() {
 		dir = ""
 		once = map[string]*sync.Once{}
 		built = map[string]*result{}
+		linkOnce, linkErr = sync.Once{}, nil
 	}
 }
 

@@ -1,0 +1,77 @@
+variable "project" {
+  description = "The Google Cloud project id."
+  type        = string
+}
+
+variable "region" {
+  description = "The region of the service and of the bucket (same region: every suspend and resume moves a layer)."
+  type        = string
+}
+
+variable "service_name" {
+  description = "The Cloud Run service's name."
+  type        = string
+  default     = "sandgate"
+}
+
+variable "image" {
+  description = "The image to run, by digest: REGION-docker.pkg.dev/PROJECT/REPO/sandgate@sha256:... (yours, built FROM sandgate's, if you add tools)."
+  type        = string
+  validation {
+    condition     = can(regex("@sha256:[0-9a-f]{64}$", var.image))
+    error_message = "Give the image by digest (...@sha256:<64 hex>): the digest is also SANDBOX_IMAGE_ID, the template namespace's input."
+  }
+}
+
+variable "bucket_name" {
+  description = "The bucket for snapshots and templates (globally unique)."
+  type        = string
+}
+
+variable "template_max_age_days" {
+  description = "Age after which objects under templates/ are deleted by a lifecycle rule; 0 for no rule. A sandbox suspended from a template whose layer the rule removed cannot be resumed: pick more days than sandboxes stay suspended."
+  type        = number
+  default     = 90
+}
+
+variable "cpu" {
+  description = "CPUs of the instance (Cloud Run needs more CPUs for more memory)."
+  type        = string
+  default     = "4"
+}
+
+variable "memory" {
+  description = "Memory of the instance: about 1 GiB per running agent sandbox, plus about 1 GiB for sandgate and the layers passing through /tmp."
+  type        = string
+  default     = "8Gi"
+}
+
+variable "concurrency" {
+  description = "Requests at once on the instance: every exec stream, wait and port tunnel of every session is one."
+  type        = number
+  default     = 250
+}
+
+variable "min_instances" {
+  description = "0 lets Cloud Run stop the idle instance (sandgate saves its sandboxes first); 1 keeps it."
+  type        = number
+  default     = 0
+}
+
+variable "env" {
+  description = "More of the service's settings (protocol 1's SANDBOX_ALLOWED_HOSTS, SANDBOX_BASE_URLS, ..., and sandgate's own). Never SANDBOX_ALLOW_PRIVATE_NETWORK or SANDBOX_ALLOW_PRIVATE: sandgate refuses them on Cloud Run."
+  type        = map(string)
+  default     = {}
+}
+
+variable "token_secret_id" {
+  description = "The Secret Manager secret holding the service token (SANDBOX_SERVICE_TOKEN). Terraform creates the secret, not its value: add a version out of band (see README.md), so the token is never in Terraform's state."
+  type        = string
+  default     = "sandgate-service-token"
+}
+
+variable "invokers" {
+  description = "Who may call the service (roles/run.invoker), e.g. [\"serviceAccount:my-app@PROJECT.iam.gserviceaccount.com\"]."
+  type        = list(string)
+  default     = []
+}
