@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/sandgate/sandgate/api"
+	"github.com/sandgate/sandgate/internal/gcstest"
 )
 
 // serveEnv is an environment for `sandgate serve` of a test's own: its
@@ -158,4 +159,63 @@ func TestServeSavesAllOnSIGTERM(t *testing.T) {
 	}
 	call(t, "DELETE", base2+"/v1/sandboxes/one", "")
 	call(t, "DELETE", base2+"/v1/sandboxes/two", "")
+}
+
+// The binary built exactly as the Dockerfile builds it starts serve with
+// Cloud Run's environment: it listens on 0.0.0.0:$PORT without a token
+// (IAM is in front), logs JSON lines with severity, message and time, uses
+// the bucket, and stops on SIGTERM with exit 0.
+func TestImageServesWithCloudRunEnvironment(t *testing.T) {
+	t.Parallel()
+	bin, _, _ := imageBinary(t)
+	srv, _ := gcstest.Start(t, "sandgate-snapshots")
+	dir := t.TempDir()
+	cmd := exec.Command(bin, "serve")
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + dir,
+		"K_SERVICE=sandgate", "K_REVISION=sandgate-00001-abc", "PORT=0",
+		"SNAPSHOT_BUCKET=sandgate-snapshots", "STORAGE_EMULATOR_HOST=" + strings.TrimPrefix(srv.URL(), "http://"),
+		"SANDGATE_STATE_DIR=" + filepath.Join(dir, "state"), "SANDBOX_DNS=127.0.0.1:9"}
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	sc := bufio.NewScanner(stderr)
+	var serving map[string]any
+	var lines []string
+	for serving == nil && sc.Scan() {
+		lines = append(lines, sc.Text())
+		var m map[string]any
+		if err := json.Unmarshal(sc.Bytes(), &m); err != nil {
+			t.Fatalf("a log line that is not JSON on Cloud Run: %q", sc.Text())
+		}
+		if m["severity"] == nil || m["message"] == nil || m["time"] == nil {
+			t.Errorf("a log line without severity, message and time: %q", sc.Text())
+		}
+		if m["message"] == "sandgate serving" {
+			serving = m
+		}
+	}
+	if serving == nil {
+		t.Fatalf("serve did not start:\n%s", strings.Join(lines, "\n"))
+	}
+	addr := fmt.Sprint(serving["addr"])
+	if !strings.HasPrefix(addr, "[::]:") && !strings.HasPrefix(addr, "0.0.0.0:") {
+		t.Errorf("on Cloud Run it listens on %s, want every address", addr)
+	}
+	if serving["store"] != "gs://sandgate-snapshots" || serving["image_id"] != "sandgate-00001-abc" || serving["cloud_run"] != true {
+		t.Errorf("serving with %v", serving)
+	}
+	port := addr[strings.LastIndex(addr, ":")+1:]
+	if code, body := call(t, "GET", "http://127.0.0.1:"+port+"/health", ""); code != 200 || !strings.Contains(body, `"protocol":1`) {
+		t.Errorf("health: %d %s", code, body)
+	}
+	cmd.Process.Signal(syscall.SIGTERM)
+	go func() { io.Copy(io.Discard, stderr) }()
+	if err := cmd.Wait(); err != nil {
+		t.Errorf("after SIGTERM: %v", err)
+	}
 }
