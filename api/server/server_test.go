@@ -380,9 +380,17 @@ func TestTemplateRoutes(t *testing.T) {
 	if code, _, _ := r.do("POST", "/v1/sandboxes/none/template", map[string]any{"id": "t1"}); code != 404 {
 		t.Errorf("template of no sandbox: %d", code)
 	}
+	if out := r.must(200, "GET", "/v1/templates", nil); out != `{"templates":[]}`+"\n" {
+		t.Errorf("no templates yet: %s", out)
+	}
 	r.must(204, "POST", "/v1/sandboxes/box/template", map[string]any{"id": "t1"})
 	if out := r.must(200, "GET", "/v1/templates/t1", nil); out != `{"id":"t1"}`+"\n" {
 		t.Errorf("exists: %s", out)
+	}
+	var list api.TemplateList
+	if out := r.must(200, "GET", "/v1/templates", nil); json.Unmarshal([]byte(out), &list) != nil || len(list.Templates) != 1 ||
+		list.Templates[0].ID != "t1" || list.Templates[0].LayerBytes <= 0 || list.Templates[0].Created.IsZero() {
+		t.Errorf("list: %s", out)
 	}
 	r.create("other", map[string]any{"template": "t1"})
 	if res := r.exec("other", "cat /workspace/tool", nil); res.stdout != "tool\n" {
@@ -390,6 +398,9 @@ func TestTemplateRoutes(t *testing.T) {
 	}
 	r.must(204, "DELETE", "/v1/templates/t1", nil)
 	r.must(204, "DELETE", "/v1/templates/t1", nil)
+	if out := r.must(200, "GET", "/v1/templates", nil); out != `{"templates":[]}`+"\n" {
+		t.Errorf("after delete, list: %s", out)
+	}
 	if code, _, _ := r.do("GET", "/v1/templates/t1", nil); code != 404 {
 		t.Errorf("after delete: %d", code)
 	}
