@@ -42,8 +42,12 @@ type CreateOptions struct {
 	// added to its own setup commands) and the sandbox starts from it;
 	// then Setup does not run again in the sandbox.
 	Template *Template
-	// Setup commands run in order in a new sandbox without a template; one
-	// that exits non-zero destroys the sandbox and fails Create.
+	// TemplateID starts the sandbox from a template that exists, by id
+	// (Templates lists them): ErrTemplateNotFound if it does not. Give
+	// Template or TemplateID, not both; with TemplateID, Setup runs.
+	TemplateID string
+	// Setup commands run in order in a new sandbox not made from Template;
+	// one that exits non-zero destroys the sandbox and fails Create.
 	Setup []string
 }
 
@@ -121,6 +125,15 @@ func (c *Client) Create(ctx context.Context, opts CreateOptions) (*Session, erro
 	if err != nil {
 		return nil, err
 	}
+	if opts.TemplateID != "" {
+		if opts.Template != nil {
+			return nil, errors.New("give Template or TemplateID, not both")
+		}
+		if err := checkName("template", opts.TemplateID); err != nil {
+			return nil, err
+		}
+		body["template"] = opts.TemplateID
+	}
 	var tmpl Template
 	if opts.Template != nil {
 		tmpl = *opts.Template
@@ -138,7 +151,7 @@ func (c *Client) Create(ctx context.Context, opts CreateOptions) (*Session, erro
 			body["template"] = tid
 		}
 		s, err := c.create(ctx, id, body, opts.NetworkPolicy, opts.Ports)
-		if errors.Is(err, ErrTemplateNotFound) && attempt == 0 {
+		if errors.Is(err, ErrTemplateNotFound) && opts.Template != nil && attempt == 0 {
 			// Deleted since this process made sure of it: build it again.
 			c.forgetTemplate(body["template"].(string))
 			continue
