@@ -60,7 +60,8 @@ func (r *Restricted) Run(ctx context.Context, cmd Command) (Result, error) {
 // the Process's readers (or to the Command's writers) as it is written,
 // and Wait gives its exit code. Cancelling ctx kills it. A stream that
 // breaks (a dropped connection) is resumed from the byte it reached: no
-// output and no exit code is lost while the service keeps them.
+// output and no exit code is lost while the service keeps them (what was
+// left of Command.Stdin is: the command's stdin ends there).
 func (r *Restricted) Spawn(ctx context.Context, cmd Command) (*Process, error) {
 	return r.sb.spawn(ctx, cmd)
 }
