@@ -842,3 +842,64 @@ func TestTemplateID(t *testing.T) {
 		t.Errorf("nil setup and none differ: %s", got)
 	}
 }
+
+// Output the service no longer holds when a broken stream is resumed:
+// the rest of the output is ErrOutputLost, and the exit code still comes.
+func TestOutputLost(t *testing.T) {
+	ctx := ctxT(t)
+	var down atomic.Bool
+	url := front(t, func(w http.ResponseWriter, r *http.Request, next http.Handler) {
+		if down.Load() && strings.HasSuffix(r.URL.Path, "/output") {
+			w.Header().Set(api.HeaderProtocol, "1")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+	cut := &cutter{}
+	c, err := client.New(url, client.WithToken(svc.Token), client.WithHTTPClient(&http.Client{Transport: &http.Transport{DialContext: cut.dial}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := create(t, c, client.CreateOptions{})
+	p, err := s.Spawn(ctx, client.Command{Command: "echo start; while [ ! -e /tmp/go ]; do sleep 0.02; done; head -c 12000000 /dev/zero; touch /tmp/done; exit 3"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(p.Stdout)
+	if line, _ := br.ReadString('\n'); line != "start\n" {
+		t.Fatalf("start: %q", line)
+	}
+	// The stream breaks and cannot be resumed while the command writes
+	// more than the service keeps (8 MiB).
+	down.Store(true)
+	cut.cut()
+	o, err := newClient(t).Attach(ctx, s.ID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, o, "touch /tmp/go; while [ ! -e /tmp/done ]; do sleep 0.02; done")
+	down.Store(false)
+	_, rerr := io.ReadAll(br)
+	code, err := p.Wait(ctx)
+	if !errors.Is(rerr, client.ErrOutputLost) || !errors.Is(err, client.ErrOutputLost) || code != 3 {
+		t.Errorf("read %v; wait %d %v; want ErrOutputLost and exit 3", rerr, code, err)
+	}
+	var se *client.ServiceError
+	if !errors.As(err, &se) || se.Status != http.StatusGone {
+		t.Errorf("the service's 410 is not in the error: %v", err)
+	}
+}
+
+// A template that is not there.
+func TestTemplateNotFound(t *testing.T) {
+	c := newClient(t)
+	_, err := c.Create(ctxT(t), client.CreateOptions{TemplateID: "no-such-template"})
+	var se *client.ServiceError
+	if !errors.Is(err, client.ErrTemplateNotFound) || !errors.As(err, &se) || se.Status != 404 {
+		t.Errorf("create from a missing template: %v", err)
+	}
+	if _, err := c.Create(ctxT(t), client.CreateOptions{TemplateID: "x", Template: &client.Template{}}); err == nil {
+		t.Error("Template and TemplateID were both accepted")
+	}
+}

@@ -194,8 +194,10 @@ type follower struct {
 	werr           error // the first error of a caller's writer
 }
 
-// maxResumeFailures bounds the resumes in a row that get no answer.
-const maxResumeFailures = 8
+// resumeWindow is how long a broken stream is resumed (with backoff)
+// without getting a byte or an answer before the process is given up:
+// long enough for a service to restart.
+const resumeWindow = 2 * time.Minute
 
 func (f *follower) run(ctx context.Context, resp *http.Response) {
 	p := f.p
@@ -203,10 +205,16 @@ func (f *follower) run(ctx context.Context, resp *http.Response) {
 	code, exited, streamErr := f.read(resp.Body)
 	resp.Body.Close()
 	failures := 0
+	giveUp := time.Now().Add(resumeWindow)
 	var lost error
 	for !exited {
 		// The stream broke: resume it from the byte it reached.
 		if failures > 0 {
+			if time.Now().After(giveUp) {
+				streamErr = fmt.Errorf("process %s: its output stream broke at byte %d, and resuming it failed for %s: %w", p.id, f.off, resumeWindow, streamErr)
+				exited, code = true, -1
+				continue
+			}
 			sleepCtx(ctx, backoff(failures-1, 0))
 		}
 		q := url.Values{"offset": {strconv.FormatInt(f.off, 10)}}
@@ -223,16 +231,11 @@ func (f *follower) run(ctx context.Context, resp *http.Response) {
 				// The service answered and cannot resume it (the process
 				// or the sandbox is gone).
 				streamErr = fmt.Errorf("process %s: its output stream broke at byte %d (%v), and resuming it failed: %w", p.id, f.off, streamErr, err)
-				exited = true
-				code = -1
+				exited, code = true, -1
 				continue
 			}
 			failures++
-			if failures > maxResumeFailures {
-				streamErr = fmt.Errorf("process %s: its output stream broke at byte %d, and %d attempts to resume it failed: %w", p.id, f.off, maxResumeFailures, err)
-				exited = true
-				code = -1
-			}
+			streamErr = err
 			continue
 		}
 		before := f.off
@@ -240,13 +243,9 @@ func (f *follower) run(ctx context.Context, resp *http.Response) {
 		r.Body.Close()
 		if f.off > before {
 			failures = 0
-		} else if !exited {
-			// Answered, but broke again before any byte: count it, or a
-			// service that keeps doing that would be asked forever.
-			if failures++; failures > maxResumeFailures {
-				streamErr = fmt.Errorf("process %s: its output stream keeps breaking at byte %d: %w", p.id, f.off, streamErr)
-				exited, code = true, -1
-			}
+			giveUp = time.Now().Add(resumeWindow)
+		} else {
+			failures++ // answered, but broke again before any byte
 		}
 	}
 	err := streamErr
@@ -259,6 +258,7 @@ func (f *follower) run(ctx context.Context, resp *http.Response) {
 // waitExit polls the wait route until the process exits.
 func (f *follower) waitExit(ctx context.Context) (int, bool, error) {
 	p := f.p
+	giveUp := time.Now().Add(resumeWindow)
 	for failures := 0; ; {
 		var st api.ProcessState
 		_, err := p.sb.c.doJSON(ctx, call{route: routeWait, args: []string{p.sb.id, p.id}, idempotent: true}, &st)
@@ -266,9 +266,10 @@ func (f *follower) waitExit(ctx context.Context) (int, bool, error) {
 		case err == nil && st.ExitCode != nil:
 			return *st.ExitCode, true, nil
 		case err == nil:
+			failures, giveUp = 0, time.Now().Add(resumeWindow)
 			continue // still running: ask again
 		}
-		if failures++; failures > maxResumeFailures || statusOf(err) == http.StatusNotFound {
+		if failures++; time.Now().After(giveUp) || statusOf(err) == http.StatusNotFound {
 			return -1, true, fmt.Errorf("process %s: waiting for its exit code: %w", p.id, err)
 		}
 		sleepCtx(ctx, backoff(failures-1, 0))
