@@ -326,11 +326,9 @@ func (c *Client) do(ctx context.Context, cl call) (*http.Response, error) {
 // service token and the identity token.
 func (c *Client) request(ctx context.Context, cl call) (*http.Request, error) {
 	method, p := cl.path()
-	u := *c.base
-	u.Path = c.base.Path + p
-	u.RawPath = c.base.EscapedPath() + p
+	target := c.base.String() + p // p is escaped already
 	if len(cl.query) > 0 {
-		u.RawQuery = cl.query.Encode()
+		target += "?" + cl.query.Encode()
 	}
 	var body io.Reader
 	switch b := cl.body.(type) {
@@ -342,7 +340,7 @@ func (c *Client) request(ctx context.Context, cl call) (*http.Request, error) {
 	default:
 		panic(fmt.Sprintf("client: body of type %T", cl.body))
 	}
-	req, err := http.NewRequestWithContext(ctx, method, u.String(), body)
+	req, err := http.NewRequestWithContext(ctx, method, target, body)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", cl, err)
 	}

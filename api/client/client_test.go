@@ -434,6 +434,16 @@ func TestFiles(t *testing.T) {
 	if got := run(t, s, "wc -c < piped.bin"); strings.TrimSpace(got) != "1003" {
 		t.Errorf("a streamed write: %q", got)
 	}
+	odd := "dir with space/a#b?c%20d é.txt"
+	if err := s.WriteTextFile(ctx, odd, "odd"); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.ReadTextFile(ctx, odd); err != nil || got != "odd" {
+		t.Errorf("a path that needs escaping: %q %v", got, err)
+	}
+	if got := run(t, s, `cat "/workspace/dir with space/a#b?c%20d é.txt"`); got != "odd" {
+		t.Errorf("the file of the odd path in the sandbox: %q", got)
+	}
 	if err := s.WriteTextFile(ctx, "text.txt", "one\ntwo\nthree\n"); err != nil {
 		t.Fatal(err)
 	}

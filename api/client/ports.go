@@ -27,13 +27,11 @@ func (s *Session) DialPort(ctx context.Context, port int) (net.Conn, error) {
 	_, p := cl.path()
 	u := *c.base
 	u.Scheme = map[string]string{"http": "ws", "https": "wss"}[u.Scheme]
-	u.Path = c.base.Path + p
-	u.RawPath = ""
 	h := http.Header{}
 	if err := c.authorize(ctx, h); err != nil {
 		return nil, err
 	}
-	ws, resp, err := websocket.Dial(ctx, u.String(), &websocket.DialOptions{HTTPClient: c.hc, HTTPHeader: h})
+	ws, resp, err := websocket.Dial(ctx, u.String()+p, &websocket.DialOptions{HTTPClient: c.hc, HTTPHeader: h})
 	if err != nil {
 		if resp != nil && resp.StatusCode != http.StatusSwitchingProtocols {
 			// coder/websocket keeps a little of the refusal's body.

@@ -599,11 +599,9 @@ func (s *Session) PortEndpoint(ctx context.Context, port int, protocol string) (
 		return Endpoint{}, fmt.Errorf("protocol %q: want http, https or ws", protocol)
 	}
 	_, p := call{route: routePorts, args: []string{s.ID(), strconv.Itoa(port)}}.path()
-	u.Path = c.base.Path + p
-	u.RawPath = ""
 	h := http.Header{}
 	if err := c.authorize(ctx, h); err != nil {
 		return Endpoint{}, err
 	}
-	return Endpoint{URL: u.String(), Header: h}, nil
+	return Endpoint{URL: u.String() + p, Header: h}, nil
 }

@@ -477,3 +477,26 @@ func TestUntarSafe(t *testing.T) {
 		}
 	}
 }
+
+// A transfer shows the progress bar once it passes a few MB, and a small
+// one never does.
+func TestTransferBar(t *testing.T) {
+	var buf bytes.Buffer
+	b := &transferBar{p: &progress{w: &buf, verb: "cp", total: 10 << 20, start: time.Now()}}
+	b.set(1 << 20)
+	b.set(3 << 20)
+	if buf.Len() != 0 {
+		t.Errorf("drawn under %d bytes: %q", progressMin, buf.String())
+	}
+	small := &transferBar{p: &progress{w: &buf, verb: "cp", total: 1 << 20, start: time.Now()}}
+	small.set(1 << 20)
+	small.finish()
+	if buf.Len() != 0 {
+		t.Errorf("a small transfer drew: %q", buf.String())
+	}
+	b.set(5 << 20)
+	b.finish()
+	if out := buf.String(); !strings.Contains(out, "cp  5.0 MiB / 10.0 MiB") || !strings.HasSuffix(out, "\n") {
+		t.Errorf("progress: %q", out)
+	}
+}
