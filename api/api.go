@@ -88,3 +88,16 @@ type ForkResult struct {
 type SandboxList struct {
 	Sandboxes []Sandbox `json:"sandboxes"`
 }
+
+// Template describes a template of the service's namespace (GET
+// /v1/templates).
+type Template struct {
+	ID         string    `json:"id"`
+	Created    time.Time `json:"created"`
+	LayerBytes int64     `json:"layerBytes"`
+}
+
+// TemplateList is GET /v1/templates's answer.
+type TemplateList struct {
+	Templates []Template `json:"templates"`
+}

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/sandgate/sandgate/appliance/localbox"
@@ -193,4 +195,37 @@ func (m *Manager) templateLayerInUse(ctx context.Context, key string) bool {
 		}
 	}
 	return false
+}
+
+// TemplateInfo describes a template of this service's namespace.
+type TemplateInfo struct {
+	Name       string
+	Created    time.Time // when it was saved
+	LayerBytes int64     // its layer, compressed
+}
+
+// ListTemplates lists the templates of this service's namespace, by name.
+func (m *Manager) ListTemplates(ctx context.Context) ([]TemplateInfo, error) {
+	prefix := "templates/" + m.ns + "/"
+	infos, err := m.st.List(ctx, prefix)
+	if err != nil {
+		return nil, fmt.Errorf("%w: listing templates: %v", ErrStore, err)
+	}
+	var out []TemplateInfo
+	for _, in := range infos {
+		name, ok := strings.CutSuffix(strings.TrimPrefix(in.Name, prefix), ".json")
+		if !ok || strings.Contains(name, "/") || CheckTemplateName(name) != nil {
+			continue
+		}
+		rec, err := m.readRecord(ctx, in.Name)
+		if errors.Is(err, store.ErrNotFound) { // deleted meanwhile
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, TemplateInfo{Name: name, Created: rec.Saved, LayerBytes: rec.Size})
+	}
+	slices.SortFunc(out, func(a, b TemplateInfo) int { return strings.Compare(a.Name, b.Name) })
+	return out, nil
 }

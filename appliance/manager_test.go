@@ -397,6 +397,9 @@ func testTemplateSharedAndDeltaSmall(t *testing.T, mode cliMode) {
 	if ok, err := r.m.TemplateExists(r.ctx(), "tool"); !ok || err != nil {
 		t.Fatalf("TemplateExists: %v %v", ok, err)
 	}
+	if list, err := r.m.ListTemplates(r.ctx()); err != nil || len(list) != 1 || list[0].Name != "tool" || list[0].LayerBytes < 8<<20 || list[0].Created.IsZero() {
+		t.Errorf("ListTemplates: %+v %v, want tool, of its 8 MiB and more", list, err)
+	}
 	if r.storeHolds(r.canary) {
 		t.Error("the canary secret is in the store after SaveTemplate")
 	}
@@ -425,6 +428,9 @@ func testTemplateSharedAndDeltaSmall(t *testing.T, mode cliMode) {
 	}
 	if ok, _ := r.m.TemplateExists(r.ctx(), "tool"); ok {
 		t.Error("the template exists after DeleteTemplate")
+	}
+	if list, err := r.m.ListTemplates(r.ctx()); err != nil || len(list) != 0 {
+		t.Errorf("ListTemplates after DeleteTemplate: %+v %v", list, err)
 	}
 	if _, err := r.m.Create(r.ctx(), "three", CreateOptions{Template: "tool"}); !errors.Is(err, ErrNoTemplate) || !errors.Is(err, ErrNotFound) {
 		t.Errorf("create from a deleted template: %v, want ErrNoTemplate", err)

@@ -15,6 +15,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -106,6 +107,20 @@ func (p *process) state() *int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.exit
+}
+
+// bodyEOF notes when a request body has been read to its end.
+type bodyEOF struct {
+	r    io.Reader
+	done atomic.Bool
+}
+
+func (b *bodyEOF) Read(p []byte) (int, error) {
+	n, err := b.r.Read(p)
+	if err == io.EOF {
+		b.done.Store(true)
+	}
+	return n, err
 }
 
 // ErrOutputDropped is a resume from an offset older than what is kept.
@@ -260,7 +275,8 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 	}
 	done := sb.Use()
 	defer done()
-	br := bufio.NewReaderSize(r.Body, 64<<10)
+	body := &bodyEOF{r: r.Body}
+	br := bufio.NewReaderSize(body, 64<<10)
 	line, err := readLine(br)
 	if err != nil {
 		writeError(w, err)
@@ -337,6 +353,17 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set(api.HeaderProcessID, p.id)
 	rc := http.NewResponseController(w)
 	rc.EnableFullDuplex() // stdin may still be arriving while output goes out
+	if r.ProtoMajor == 1 && !body.done.Load() {
+		// Stdin may outlive the command (or the command never started).
+		// Under full duplex, Go's HTTP/1 server reads what is left of the
+		// body after the handler and then panics on the connection's next
+		// request (golang/go#68560); so when the handler ends, any read of
+		// the body (the stdin copier's) is cut short, and the connection
+		// is not reused. A body already read to its end (no stdin, or a
+		// little) keeps the connection.
+		w.Header().Set("Connection", "close")
+		defer rc.SetReadDeadline(time.Now())
+	}
 	w.WriteHeader(http.StatusOK)
 	flush := func() { rc.Flush() }
 	if err := api.WriteFrame(w, api.FrameOpen, 0, []byte(p.id)); err != nil {

@@ -340,6 +340,11 @@ func TestOpenAPISchemasMatchWire(t *testing.T) {
 	schemaCheck(t, doc, "Sandbox", bare)
 	schemaCheck(t, doc, "SandboxList", api.SandboxList{Sandboxes: []api.Sandbox{sb, bare}})
 	schemaCheck(t, doc, "SandboxList", api.SandboxList{Sandboxes: []api.Sandbox{}})
+	tpl := api.Template{ID: "ai-sdk-harness-template-0123456789abcdef01234567", Created: now, LayerBytes: 4096}
+	allSet(t, tpl)
+	schemaCheck(t, doc, "Template", tpl)
+	schemaCheck(t, doc, "TemplateList", api.TemplateList{Templates: []api.Template{tpl}})
+	schemaCheck(t, doc, "TemplateList", api.TemplateList{Templates: []api.Template{}})
 	for _, st := range []appliance.State{appliance.Starting, appliance.Running, appliance.Suspending, appliance.Suspended} {
 		schemaCheck(t, doc, "Sandbox", s.sandboxInfo(appliance.Info{ID: "b", State: st, Created: now}))
 	}

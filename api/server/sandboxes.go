@@ -222,6 +222,19 @@ func (s *Server) templateExists(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]string{"id": id})
 }
 
+func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) {
+	list, err := s.m.ListTemplates(r.Context())
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	out := api.TemplateList{Templates: []api.Template{}}
+	for _, t := range list {
+		out.Templates = append(out.Templates, api.Template{ID: t.Name, Created: t.Created.UTC().Truncate(time.Millisecond), LayerBytes: t.LayerBytes})
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
 func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	if err := checkTemplateName(id); err != nil {

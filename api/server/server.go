@@ -158,6 +158,7 @@ func (s *Server) routes() {
 	s.route("GET /v1/openapi.json", s.openAPI)
 	s.route("GET /v1/sandboxes", s.list)
 	s.route("GET /v1/sandboxes/{name}", s.get)
+	s.route("GET /v1/templates", s.listTemplates)
 	s.route("POST /v1/sandboxes/{name}/fork", s.fork)
 	s.route("GET /v1/sandboxes/{name}/files/{path...}", s.readFile)
 	s.route("PUT /v1/sandboxes/{name}/files/{path...}", s.writeFile)

@@ -10,8 +10,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"strings"
 	"testing"
@@ -21,6 +23,7 @@ import (
 
 	"github.com/sandgate/sandgate/api"
 	"github.com/sandgate/sandgate/internal/gobuild"
+	"github.com/sandgate/sandgate/internal/syncbuf"
 	"github.com/sandgate/sandgate/transforms/wasm"
 )
 
@@ -380,9 +383,17 @@ func TestTemplateRoutes(t *testing.T) {
 	if code, _, _ := r.do("POST", "/v1/sandboxes/none/template", map[string]any{"id": "t1"}); code != 404 {
 		t.Errorf("template of no sandbox: %d", code)
 	}
+	if out := r.must(200, "GET", "/v1/templates", nil); out != `{"templates":[]}`+"\n" {
+		t.Errorf("no templates yet: %s", out)
+	}
 	r.must(204, "POST", "/v1/sandboxes/box/template", map[string]any{"id": "t1"})
 	if out := r.must(200, "GET", "/v1/templates/t1", nil); out != `{"id":"t1"}`+"\n" {
 		t.Errorf("exists: %s", out)
+	}
+	var list api.TemplateList
+	if out := r.must(200, "GET", "/v1/templates", nil); json.Unmarshal([]byte(out), &list) != nil || len(list.Templates) != 1 ||
+		list.Templates[0].ID != "t1" || list.Templates[0].LayerBytes <= 0 || list.Templates[0].Created.IsZero() {
+		t.Errorf("list: %s", out)
 	}
 	r.create("other", map[string]any{"template": "t1"})
 	if res := r.exec("other", "cat /workspace/tool", nil); res.stdout != "tool\n" {
@@ -390,6 +401,9 @@ func TestTemplateRoutes(t *testing.T) {
 	}
 	r.must(204, "DELETE", "/v1/templates/t1", nil)
 	r.must(204, "DELETE", "/v1/templates/t1", nil)
+	if out := r.must(200, "GET", "/v1/templates", nil); out != `{"templates":[]}`+"\n" {
+		t.Errorf("after delete, list: %s", out)
+	}
 	if code, _, _ := r.do("GET", "/v1/templates/t1", nil); code != 404 {
 		t.Errorf("after delete: %d", code)
 	}
@@ -642,5 +656,60 @@ func TestModulesRoute(t *testing.T) {
 	r.must(204, "PUT", "/v1/sandboxes/box/modules", map[string]any{"modules": []any{}})
 	if got := curl("/admin/x"); got != "200" {
 		t.Errorf("after removing the module: %q", got)
+	}
+}
+
+// TestExecStdinNotReadDoesNotBreakTheConnection: an exec whose command
+// ended (or never started) before its stdin did left the request body
+// unread, or being read by the stdin copier, when the handler returned;
+// under full duplex Go's server then read the body after the handler and
+// panicked ("invalid concurrent Body.Read call", golang/go#68560) on the
+// connection's next request, which a client saw as a reset connection.
+func TestExecStdinNotReadDoesNotBreakTheConnection(t *testing.T) {
+	r := newRig(t, nil)
+	r.create("box", nil)
+	var serverLog syncbuf.Buffer
+	hs := httptest.NewUnstartedServer(r.srv)
+	hs.Config.ErrorLog = log.New(&serverLog, "", 0)
+	hs.Start()
+	defer hs.Close()
+	hc := &http.Client{Transport: &http.Transport{MaxConnsPerHost: 1}}
+	exec := func(line string, stdin io.Reader) string {
+		t.Helper()
+		body := io.MultiReader(strings.NewReader(line+"\n"), stdin) // chunked: stdin streamed
+		req, _ := http.NewRequest("POST", hs.URL+"/v1/sandboxes/box/exec", body)
+		req.Header.Set(api.HeaderToken, r.token)
+		resp, err := hc.Do(req)
+		if err != nil {
+			t.Fatalf("exec %s: %v", line, err)
+		}
+		defer resp.Body.Close()
+		res := readFrames(t, resp.Body)
+		return fmt.Sprintf("%d %s", res.exit, res.stdout+res.stderr)
+	}
+	for i := range 20 {
+		// The working directory is missing: the command never starts and
+		// its stdin is never read.
+		if out := exec(`{"command":"cat","workingDirectory":"/nowhere"}`, strings.NewReader(strings.Repeat("x", i*100))); !strings.HasPrefix(out, "2 ") {
+			t.Fatalf("missing directory: %q", out)
+		}
+	}
+	// The command exits while its stdin is still arriving.
+	pr, pw := io.Pipe()
+	go pw.Write([]byte("some stdin"))
+	if out := exec(`{"command":"echo quick"}`, pr); out != "0 quick\n" {
+		t.Errorf("a command that does not read its stdin: %q", out)
+	}
+	pw.Write([]byte("stdin after the command ended"))
+	pw.Close()
+	// And one that reads it all, and the next one.
+	if out := exec(`{"command":"cat"}`, strings.NewReader("read")); out != "0 read" {
+		t.Errorf("cat: %q", out)
+	}
+	if out := exec(`{"command":"echo last"}`, strings.NewReader("")); out != "0 last\n" {
+		t.Errorf("the last: %q", out)
+	}
+	if strings.Contains(serverLog.String(), "panic") {
+		t.Errorf("the server panicked:\n%.2000s", serverLog.String())
 	}
 }

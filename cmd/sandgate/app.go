@@ -55,7 +55,7 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 		Flags: []cli.Flag{
 			&cli.BoolFlag{Name: "version", Usage: "print the version, the Go version and the VCS commit, and exit"},
 		},
-		Commands: []*cli.Command{
+		Commands: append([]*cli.Command{
 			serveCommand(),
 			proxyCommand(),
 			policyCommand(),
@@ -64,7 +64,7 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 			agentCommand(),
 			wasmCommand(),
 			versionCommand(),
-		},
+		}, remoteCommands()...),
 		Action:         runApp,
 		OnUsageError:   usageError,
 		ExitErrHandler: func(*cli.Context, error) {}, // run() reports errors
@@ -89,7 +89,14 @@ func runApp(c *cli.Context) error {
 func run(args []string, stdout, stderr io.Writer) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	err := newApp(stdout, stderr).RunContext(ctx, args)
+	return execute(ctx, newApp(stdout, stderr), args)
+}
+
+// execute runs app with args and returns the process exit status,
+// reporting an error on the app's standard error.
+func execute(ctx context.Context, app *cli.App, args []string) int {
+	stderr := app.ErrWriter
+	err := app.RunContext(ctx, args)
 	if err == nil {
 		return exitOK
 	}

@@ -76,6 +76,7 @@ func TestPolicyCheck(t *testing.T) {
 
 func TestMain(m *testing.M) {
 	code := m.Run()
+	closeRemoteService()
 	gobuild.Cleanup()
 	os.Exit(code)
 }

@@ -16,7 +16,7 @@ import (
 func policyCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "policy",
-		Usage: "inspect network policies",
+		Usage: "inspect network policies (check, here), or set a sandbox's (set, in a service)",
 		Subcommands: []*cli.Command{{
 			Name:      "check",
 			Usage:     "say whether a sandbox may reach HOST[:PORT], resolving it as the proxy would",
@@ -35,7 +35,7 @@ with 502. Bad input exits 2; any other failure exits 1.`,
 			Flags:        egressFlags(),
 			OnUsageError: usageError,
 			Action:       runPolicyCheck,
-		}},
+		}, policySetCommand()},
 	}
 }
 

@@ -34,7 +34,17 @@ var (
 // WasmCache(t) when it loads modules.
 func Sandgate(t testing.TB) string {
 	t.Helper()
-	return build(t, "github.com/sandgate/sandgate/cmd/sandgate", "sandgate", ImageEnv, append([]string{wazeroDevVersion}, ImageFlags...))
+	p, err := SandgateBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// SandgateBinary is Sandgate for code that has no testing.TB: a TestMain
+// that starts a service before any test runs.
+func SandgateBinary() (string, error) {
+	return buildPath("github.com/sandgate/sandgate/cmd/sandgate", "sandgate", ImageEnv, append([]string{wazeroDevVersion}, ImageFlags...))
 }
 
 // ImageEnv and ImageFlags are how the Dockerfile's build stage compiles
@@ -113,6 +123,15 @@ func wasm(t testing.TB, pkg string, flags []string, suffix string) string {
 
 func build(t testing.TB, pkg, name string, env, flags []string) string {
 	t.Helper()
+	p, err := buildPath(pkg, name, env, flags)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// buildPath builds pkg once per process and returns the path of the result.
+func buildPath(pkg, name string, env, flags []string) (string, error) {
 	key := pkg + "\x00" + strings.Join(env, " ") + "\x00" + strings.Join(flags, " ")
 	mu.Lock()
 	o := once[key]
@@ -146,10 +165,7 @@ func build(t testing.TB, pkg, name string, env, flags []string) string {
 	mu.Lock()
 	r := built[key]
 	mu.Unlock()
-	if r.err != nil {
-		t.Fatal(r.err)
-	}
-	return r.path
+	return r.path, r.err
 }
 
 // Scratch returns a directory named name that lives as long as the builds

@@ -1,0 +1,213 @@
+package client
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"time"
+)
+
+// Command is a command to run in a sandbox: `/bin/sh -c Command`.
+type Command struct {
+	// Command is a shell command line.
+	Command string
+	// WorkingDirectory is where it runs; a relative one is resolved
+	// against the sandbox's working directory, which is the default.
+	WorkingDirectory string
+	// Env sets variables on top of what every command gets (PATH, HOME,
+	// the proxy variables, the base URLs...). Names are letters, digits
+	// and _, not starting with a digit.
+	Env map[string]string
+	// Stdin, when set, is the command's standard input, streamed; its end
+	// closes the command's. Without it the command's stdin is empty.
+	Stdin io.Reader
+	// Stdout and Stderr, when set, receive the command's output as it
+	// arrives, as in os/exec; then the Process's reader of that stream is
+	// nil, and Run's Result holds nothing of it.
+	Stdout, Stderr io.Writer
+}
+
+// Result is what Run returns: a non-zero exit code is a result, not an
+// error.
+type Result struct {
+	ExitCode int
+	Stdout   []byte
+	Stderr   []byte
+}
+
+// Network policy modes.
+const (
+	ModeAllowAll = "allow-all"
+	ModeDenyAll  = "deny-all"
+	ModeCustom   = "custom"
+)
+
+// NetworkPolicy is the AI SDK harness's network policy: allow-all,
+// deny-all, or custom: the hosts and address ranges a sandbox may reach.
+// DeniedCIDRs win over both allow lists. Private addresses stay refused
+// whatever it says.
+type NetworkPolicy struct {
+	Mode         string   `json:"mode"`
+	AllowedHosts []string `json:"allowedHosts,omitempty"`
+	AllowedCIDRs []string `json:"allowedCIDRs,omitempty"`
+	DeniedCIDRs  []string `json:"deniedCIDRs,omitempty"`
+}
+
+func (p NetworkPolicy) check() error {
+	switch p.Mode {
+	case ModeAllowAll, ModeDenyAll:
+		if len(p.AllowedHosts)+len(p.AllowedCIDRs)+len(p.DeniedCIDRs) > 0 {
+			return fmt.Errorf("network policy %s takes no hosts or CIDRs: use mode %q to list them", p.Mode, ModeCustom)
+		}
+	case ModeCustom:
+	default:
+		return fmt.Errorf("network policy mode %q: want %q, %q or %q", p.Mode, ModeAllowAll, ModeDenyAll, ModeCustom)
+	}
+	return nil
+}
+
+// allowedHosts is the protocol 1 form of the policy (no CIDRs): ["*"]
+// for allow-all, [] for deny-all.
+func (p NetworkPolicy) allowedHosts() []string {
+	switch p.Mode {
+	case ModeAllowAll:
+		return []string{"*"}
+	case ModeDenyAll:
+		return []string{}
+	}
+	return p.AllowedHosts
+}
+
+// StringMatcher matches a string exactly, by prefix, or by a regular
+// expression found anywhere in it. Make one with Exact, StartsWith or
+// Regex.
+type StringMatcher struct {
+	kind, value string
+}
+
+// Exact matches s exactly.
+func Exact(s string) *StringMatcher { return &StringMatcher{"exact", s} }
+
+// StartsWith matches strings that begin with s.
+func StartsWith(s string) *StringMatcher { return &StringMatcher{"startsWith", s} }
+
+// Regex matches strings in which the regular expression re is found.
+func Regex(re string) *StringMatcher { return &StringMatcher{"regex", re} }
+
+// MarshalJSON writes {"exact": s}, {"startsWith": s} or {"regex": re}.
+func (m StringMatcher) MarshalJSON() ([]byte, error) {
+	if m.kind == "" {
+		return nil, errors.New("an empty StringMatcher: make one with Exact, StartsWith or Regex")
+	}
+	return json.Marshal(map[string]string{m.kind: m.value})
+}
+
+// UnmarshalJSON reads what MarshalJSON writes.
+func (m *StringMatcher) UnmarshalJSON(b []byte) error {
+	var v map[string]string
+	if err := json.Unmarshal(b, &v); err != nil || len(v) != 1 {
+		return fmt.Errorf("a string matcher is one of {exact}, {startsWith}, {regex}: %s", b)
+	}
+	for k, s := range v {
+		m.kind, m.value = k, s
+	}
+	return nil
+}
+
+// KeyValueMatcher matches a header or query parameter: the key and the
+// value, each when given.
+type KeyValueMatcher struct {
+	Key   *StringMatcher `json:"key,omitempty"`
+	Value *StringMatcher `json:"value,omitempty"`
+}
+
+// Match says which requests a RequestTransformation applies to: every
+// matcher given must hold. Host is required.
+type Match struct {
+	Host        string            `json:"host"`
+	Path        *StringMatcher    `json:"path,omitempty"`
+	Method      []string          `json:"method,omitempty"`
+	Headers     []KeyValueMatcher `json:"headers,omitempty"`
+	QueryString []KeyValueMatcher `json:"queryString,omitempty"`
+}
+
+// Transform is what a RequestTransformation does: set these headers.
+type Transform struct {
+	Headers map[string]string `json:"headers"`
+}
+
+// RequestTransformation is the AI SDK harness's request transformation:
+// on a request from the sandbox that Match matches, the service sets the
+// headers of Transform, outside the sandbox. Put a real credential in
+// Transform and give the sandbox a placeholder: the credential never
+// enters it, and an upstream that echoes it back gets it scrubbed to the
+// placeholder on the way in.
+type RequestTransformation struct {
+	Match     Match     `json:"match"`
+	Transform Transform `json:"transform"`
+}
+
+// Module is a WebAssembly transform module (http-wasm) a sandbox's
+// routed requests go through, before the credential swap.
+type Module struct {
+	Name   string `json:"name"`
+	Wasm   []byte `json:"wasm"` // the module's bytes (base64 on the wire)
+	Config string `json:"config,omitempty"`
+}
+
+// AuditEvent is one egress decision of a sandbox: a CONNECT tunnel or a
+// routed request, allowed or refused, and why.
+type AuditEvent struct {
+	Time       time.Time     `json:"time"`
+	Sandbox    string        `json:"sandbox"`
+	Kind       string        `json:"kind"` // connect, route, refused
+	Host       string        `json:"host,omitempty"`
+	Port       int           `json:"port,omitempty"`
+	Method     string        `json:"method,omitempty"`
+	Path       string        `json:"path,omitempty"`
+	Allow      bool          `json:"allow"`
+	Code       string        `json:"code"`
+	Reason     string        `json:"reason"`
+	Rule       string        `json:"rule,omitempty"`
+	Addr       string        `json:"addr,omitempty"`
+	Status     int           `json:"status,omitempty"`
+	BytesIn    int64         `json:"bytes_in"`
+	BytesOut   int64         `json:"bytes_out"`
+	Duration   time.Duration `json:"duration_ns"`
+	DNSTime    time.Duration `json:"dns_ns,omitempty"`
+	Transforms []string      `json:"transforms,omitempty"`
+	Module     string        `json:"module,omitempty"`
+	Notes      []string      `json:"notes,omitempty"`
+	Error      string        `json:"error,omitempty"`
+}
+
+// SandboxInfo describes a sandbox, running or suspended.
+type SandboxInfo struct {
+	Name             string
+	State            string // starting, running, suspending, suspended
+	Created          time.Time
+	LastActive       time.Time // zero if unknown
+	LayerBytes       int64     // its saved layer, when suspended
+	Template         string
+	OpenPorts        []int // ports with a tunnel or bridge connection open now
+	Policy           *NetworkPolicy
+	BaseURLs         map[string]string
+	Home             string
+	WorkingDirectory string
+}
+
+// TemplateInfo describes a template of the service's namespace.
+type TemplateInfo struct {
+	ID         string
+	Created    time.Time
+	LayerBytes int64
+}
+
+// Endpoint is how to reach a port of a sandbox from outside: a URL, and
+// the headers the connection must carry.
+type Endpoint struct {
+	URL    string
+	Header http.Header
+}

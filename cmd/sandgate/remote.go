@@ -1,0 +1,734 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"text/tabwriter"
+	"time"
+
+	"github.com/urfave/cli/v2"
+	"golang.org/x/term"
+
+	"github.com/sandgate/sandgate/api/client"
+)
+
+// The client verbs: a sandgate service's sandboxes, driven through
+// api/client. They mirror docker's and kubectl's habits (create, exec,
+// cp, port-forward, ls/rm aliases) and live at the top level; `sandgate
+// sandbox ...` remains the local sandbox CLI, and `policy check` the local
+// policy judge, beside the remote `policy set`.
+
+// remoteFlags are the flags of every client verb: which service, and how
+// to authenticate to it.
+func remoteFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringFlag{Name: "url", Usage: "the service's `URL`, such as https://sandgate-abc.a.run.app or http://127.0.0.1:8080", EnvVars: []string{"SANDGATE_URL"}},
+		&cli.StringFlag{Name: "token", Usage: "the service `TOKEN` (the service's SANDBOX_SERVICE_TOKEN)", EnvVars: []string{"SANDBOX_SERVICE_TOKEN"}},
+		&cli.StringFlag{Name: "auth", Usage: "identity token for Cloud Run's IAM: `SOURCE` gcloud (gcloud auth print-identity-token), metadata (the metadata server, on Google Cloud) or none (default: gcloud for *.run.app, else none)", EnvVars: []string{"SANDGATE_AUTH"}},
+	}
+}
+
+// remoteCommand builds a client verb: its flags after the service's.
+func remoteCommand(cmd *cli.Command) *cli.Command {
+	cmd.Flags = append(cmd.Flags, remoteFlags()...)
+	cmd.OnUsageError = usageError
+	cmd.Category = "client verbs (a sandgate service at --url)"
+	return cmd
+}
+
+// newRemote makes the client of --url.
+func newRemote(c *cli.Context) (*client.Client, error) {
+	u := c.String("url")
+	if u == "" {
+		return nil, badInput("no service: give --url (or SANDGATE_URL), such as http://127.0.0.1:8080")
+	}
+	var opts []client.Option
+	if t := c.String("token"); t != "" {
+		opts = append(opts, client.WithToken(t))
+	}
+	switch a := c.String("auth"); a {
+	case "":
+	case "gcloud":
+		opts = append(opts, client.WithIdentity(client.GcloudIdentity()))
+	case "metadata":
+		opts = append(opts, client.WithIdentity(client.MetadataIdentity("")))
+	case "none":
+		opts = append(opts, client.WithIdentity(nil))
+	default:
+		return nil, badInput("--auth %q: want gcloud, metadata or none", a)
+	}
+	cl, err := client.New(u, opts...)
+	if err != nil {
+		return nil, badInput("--url: %v", err)
+	}
+	return cl, nil
+}
+
+// remoteCommands are the client verbs.
+func remoteCommands() []*cli.Command {
+	network := []cli.Flag{
+		&cli.GenericFlag{Name: "allow", Value: &repeated{}, Usage: "let the sandbox reach `HOST` over HTTPS, on top of the service's hosts (* every host, *.example.com its subdomains); repeatable"},
+		&cli.GenericFlag{Name: "base-url", Value: &repeated{}, Usage: "give commands the base URL variable `NAME=URL`, routed through the egress proxy; repeatable"},
+	}
+	return []*cli.Command{
+		remoteCommand(&cli.Command{
+			Name:      "create",
+			Usage:     "create a sandbox in the service and print its name",
+			ArgsUsage: "[NAME]",
+			Description: `Without NAME the sandbox is named ai-sdk-<8 hex>. A name that exists, running
+or suspended, is refused: create never resumes.`,
+			Flags: append(slices.Clone(network),
+				&cli.StringFlag{Name: "template", Usage: "start from template `ID` (see 'sandgate template ls')"},
+				&cli.GenericFlag{Name: "setup", Value: &repeated{}, Usage: "run shell `COMMAND` in the new sandbox, in order; one that fails destroys it; repeatable"},
+				&cli.StringFlag{Name: "policy", Usage: "network policy JSON `FILE` (allow-all, deny-all, or custom with hosts and CIDRs) instead of --allow"},
+			),
+			Action: runCreate,
+		}),
+		remoteCommand(&cli.Command{
+			Name:      "resume",
+			Usage:     "resume a suspended sandbox (its network becomes the one given)",
+			ArgsUsage: "NAME",
+			Flags:     slices.Clone(network),
+			Action:    runResume,
+		}),
+		remoteCommand(&cli.Command{
+			Name:      "suspend",
+			Usage:     "save sandboxes' files and stop them: nothing runs until resume",
+			ArgsUsage: "NAME...",
+			Action:    func(c *cli.Context) error { return eachName(c, "suspend", (*client.Client).Suspend) },
+		}),
+		remoteCommand(&cli.Command{
+			Name:      "destroy",
+			Aliases:   []string{"rm"},
+			Usage:     "remove sandboxes, running or suspended, and their snapshots",
+			ArgsUsage: "NAME...",
+			Action:    func(c *cli.Context) error { return eachName(c, "destroy", (*client.Client).Destroy) },
+		}),
+		remoteCommand(&cli.Command{
+			Name:    "list",
+			Aliases: []string{"ls"},
+			Usage:   "list the service's sandboxes, running and suspended",
+			Flags:   []cli.Flag{&cli.BoolFlag{Name: "json", Usage: "print JSON"}},
+			Action:  runList,
+		}),
+		remoteCommand(&cli.Command{
+			Name:      "exec",
+			Usage:     "run a command in a running sandbox, streaming its output; exit with its exit code",
+			ArgsUsage: "NAME [flags] -- CMD [ARG...]",
+			Description: `CMD and its arguments are quoted for /bin/sh, as docker exec passes argv:
+for a pipeline, write sh -c '...'. Standard input is passed through when it
+is not a terminal, or with --stdin; the command's end closes it.`,
+			Flags: []cli.Flag{
+				&cli.GenericFlag{Name: "env", Aliases: []string{"e"}, Value: &repeated{}, Usage: "`K=V` for the command (repeatable)"},
+				&cli.StringFlag{Name: "workdir", Aliases: []string{"w"}, Usage: "working `DIR` (default the sandbox's)"},
+				&cli.BoolFlag{Name: "stdin", Aliases: []string{"i"}, Usage: "pass standard input even from a terminal"},
+			},
+			Action: runExec,
+		}),
+		remoteCommand(&cli.Command{
+			Name:      "cp",
+			Usage:     "copy files and directories between this machine and a sandbox",
+			ArgsUsage: "SRC DST",
+			Description: `One of SRC and DST is NAME:PATH, a path in sandbox NAME (relative to its
+working directory); write a local path with a colon as ./a:b. As docker cp:
+a directory copied onto an existing directory goes inside it, else it
+becomes DST; a file copied onto a directory goes inside it. "-" as SRC
+reads a tar from standard input into the sandbox directory DST; as DST,
+writes SRC as a tar to standard output. Directories are carried by tar in
+the sandbox; what comes out is unpacked here without following a link out
+of DST, and without setuid bits or devices.`,
+			Action: runCp,
+		}),
+		remoteCommand(&cli.Command{
+			Name:      "port-forward",
+			Usage:     "forward local ports to ports of a sandbox, through the service's TCP bridge",
+			ArgsUsage: "NAME [LOCAL:]PORT...",
+			Description: `As kubectl port-forward: LOCAL:PORT listens on LOCAL here and connects each
+connection to 127.0.0.1:PORT in the sandbox; PORT alone uses the same port
+here; LOCAL 0 picks a free one. Runs until interrupted.`,
+			Flags:  []cli.Flag{&cli.StringFlag{Name: "address", Value: "127.0.0.1", Usage: "listen on `ADDR`"}},
+			Action: runPortForward,
+		}),
+		remoteCommand(&cli.Command{
+			Name:      "audit",
+			Usage:     "print a sandbox's egress decisions as JSON lines",
+			ArgsUsage: "NAME",
+			Flags:     []cli.Flag{&cli.BoolFlag{Name: "follow", Aliases: []string{"f"}, Usage: "then print new ones as they happen, until interrupted"}},
+			Action:    runAudit,
+		}),
+		{
+			Name:     "template",
+			Usage:    "the service's templates",
+			Category: "client verbs (a sandgate service at --url)",
+			Subcommands: []*cli.Command{
+				remoteCommand(&cli.Command{
+					Name:    "ls",
+					Aliases: []string{"list"},
+					Usage:   "list the templates of the service's namespace",
+					Flags:   []cli.Flag{&cli.BoolFlag{Name: "json", Usage: "print JSON"}},
+					Action:  runTemplateLs,
+				}),
+				remoteCommand(&cli.Command{
+					Name:      "rm",
+					Usage:     "delete templates (sandboxes made from them keep what they need)",
+					ArgsUsage: "ID...",
+					Action:    runTemplateRm,
+				}),
+			},
+		},
+		remoteCommand(&cli.Command{
+			Name:  "preflight",
+			Usage: "check that the service can be used: protocol 1, credentials required, every route the client uses",
+			Description: `Exits 0 when the service answers protocol 1, refuses a call without
+credentials and takes these, and documents every route the client calls;
+else 1, saying what is wrong. A service that lets a call without
+credentials through is refused (unless it is on loopback and no
+credentials were given: a local service).`,
+			Action: runPreflight,
+		}),
+	}
+}
+
+// policySetCommand is `policy set`, beside the local `policy check`.
+func policySetCommand() *cli.Command {
+	return remoteCommand(&cli.Command{
+		Name:      "set",
+		Usage:     "replace the network policy of a running sandbox of the service",
+		ArgsUsage: "NAME [allow-all|deny-all]",
+		Description: `allow-all and deny-all are the presets; otherwise the policy is custom:
+--allow hosts, --allow-cidr ranges, --deny-cidr ranges (which win), or the
+whole policy from --file (the JSON of 'sandgate proxy --policy'). It
+replaces the service's own hosts for this sandbox and applies to every new
+connection at once.`,
+		Flags: []cli.Flag{
+			&cli.GenericFlag{Name: "allow", Value: &repeated{}, Usage: "allow `HOST` (*.example.com for its subdomains); repeatable"},
+			&cli.GenericFlag{Name: "allow-cidr", Value: &repeated{}, Usage: "allow addresses in `CIDR`; repeatable"},
+			&cli.GenericFlag{Name: "deny-cidr", Value: &repeated{}, Usage: "deny addresses in `CIDR`, whatever else allows them; repeatable"},
+			&cli.StringFlag{Name: "file", Usage: "the whole policy, JSON `FILE`"},
+		},
+		Action: runPolicySet,
+	})
+}
+
+// oneName takes the NAME argument (flags may follow it).
+func oneName(c *cli.Context, verb string) (string, error) {
+	args, err := interspersed(c)
+	if err != nil {
+		return "", err
+	}
+	if len(args) != 1 {
+		return "", badInput("%s takes one sandbox NAME, got %d arguments", verb, len(args))
+	}
+	return args[0], nil
+}
+
+// splitPairs reads NAME=VALUE flags.
+func splitPairs(flag string, vals []string) (map[string]string, error) {
+	if len(vals) == 0 {
+		return nil, nil
+	}
+	m := map[string]string{}
+	for _, v := range vals {
+		k, val, ok := strings.Cut(v, "=")
+		if !ok || k == "" {
+			return nil, badInput("--%s %q: want NAME=VALUE", flag, v)
+		}
+		m[k] = val
+	}
+	return m, nil
+}
+
+func runCreate(c *cli.Context) error {
+	args, err := interspersed(c)
+	if err != nil {
+		return err
+	}
+	if len(args) > 1 {
+		return badInput("create takes at most one NAME, got %d arguments", len(args))
+	}
+	opts := client.CreateOptions{AllowedHosts: values(c, "allow"), TemplateID: c.String("template"), Setup: values(c, "setup")}
+	if len(args) == 1 {
+		opts.ID = args[0]
+	}
+	if opts.BaseURLs, err = splitPairs("base-url", values(c, "base-url")); err != nil {
+		return err
+	}
+	if f := c.String("policy"); f != "" {
+		p, err := readPolicyFile(f)
+		if err != nil {
+			return err
+		}
+		opts.NetworkPolicy = &p
+	}
+	cl, err := newRemote(c)
+	if err != nil {
+		return err
+	}
+	s, err := cl.Create(c.Context, opts)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(c.App.Writer, s.ID())
+	return nil
+}
+
+func readPolicyFile(name string) (client.NetworkPolicy, error) {
+	b, err := os.ReadFile(name)
+	if err != nil {
+		return client.NetworkPolicy{}, badInput("--policy: %v", err)
+	}
+	dec := json.NewDecoder(strings.NewReader(string(b)))
+	dec.DisallowUnknownFields()
+	var p client.NetworkPolicy
+	if err := dec.Decode(&p); err != nil {
+		return client.NetworkPolicy{}, badInput("policy %s: %v (want {\"mode\": \"custom\", \"allowedHosts\": [...], \"allowedCIDRs\": [...], \"deniedCIDRs\": [...]})", name, err)
+	}
+	return p, nil
+}
+
+func runResume(c *cli.Context) error {
+	name, err := oneName(c, "resume")
+	if err != nil {
+		return err
+	}
+	opts := client.ResumeOptions{AllowedHosts: values(c, "allow")}
+	if opts.BaseURLs, err = splitPairs("base-url", values(c, "base-url")); err != nil {
+		return err
+	}
+	cl, err := newRemote(c)
+	if err != nil {
+		return err
+	}
+	s, err := cl.Resume(c.Context, name, opts)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(c.App.Writer, s.ID())
+	return nil
+}
+
+// eachName applies a verb to every NAME, printing each done, and fails
+// (after trying all) if any failed.
+func eachName(c *cli.Context, verb string, do func(*client.Client, context.Context, string) error) error {
+	names, err := interspersed(c)
+	if err != nil {
+		return err
+	}
+	if len(names) == 0 {
+		return badInput("%s takes one or more sandbox NAMEs", verb)
+	}
+	cl, err := newRemote(c)
+	if err != nil {
+		return err
+	}
+	failed := 0
+	for _, n := range names {
+		if err := do(cl, c.Context, n); err != nil {
+			fmt.Fprintf(c.App.ErrWriter, "sandgate: %s %s: %v\n", verb, n, err)
+			failed++
+			continue
+		}
+		fmt.Fprintln(c.App.Writer, n)
+	}
+	if failed > 0 {
+		return &exitError{code: exitFailure}
+	}
+	return nil
+}
+
+func runList(c *cli.Context) error {
+	if args, err := interspersed(c); err != nil || len(args) > 0 {
+		if err != nil {
+			return err
+		}
+		return badInput("list takes no arguments")
+	}
+	cl, err := newRemote(c)
+	if err != nil {
+		return err
+	}
+	infos, err := cl.List(c.Context)
+	if err != nil {
+		return err
+	}
+	if c.Bool("json") {
+		enc := json.NewEncoder(c.App.Writer)
+		enc.SetIndent("", "  ")
+		if infos == nil {
+			infos = []client.SandboxInfo{}
+		}
+		return enc.Encode(infos)
+	}
+	tw := tabwriter.NewWriter(c.App.Writer, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tSTATE\tCREATED\tLAST ACTIVE\tTEMPLATE\tSNAPSHOT")
+	for _, in := range infos {
+		last, size := "-", "-"
+		if !in.LastActive.IsZero() {
+			last = ago(in.LastActive)
+		}
+		if in.LayerBytes > 0 {
+			size = human(in.LayerBytes)
+		}
+		tmpl := in.Template
+		if tmpl == "" {
+			tmpl = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", in.Name, in.State, ago(in.Created), last, tmpl, size)
+	}
+	return tw.Flush()
+}
+
+// ago is a time as "3m ago".
+func ago(t time.Time) string {
+	d := time.Since(t)
+	switch {
+	case d < time.Minute:
+		return fmt.Sprintf("%ds ago", int(d.Seconds()))
+	case d < time.Hour:
+		return fmt.Sprintf("%dm ago", int(d.Minutes()))
+	case d < 48*time.Hour:
+		return fmt.Sprintf("%dh ago", int(d.Hours()))
+	}
+	return t.Local().Format("2006-01-02")
+}
+
+// shellQuote quotes an argument for /bin/sh.
+func shellQuote(s string) string {
+	if s != "" && strings.IndexFunc(s, func(r rune) bool {
+		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("-_./=:,+@%", r))
+	}) < 0 {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+func runExec(c *cli.Context) error {
+	pos, argv, err := splitArgs(c, 1)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 || len(argv) == 0 {
+		return badInput("exec takes a sandbox NAME, then -- CMD [ARG...]")
+	}
+	env, err := splitPairs("env", values(c, "env"))
+	if err != nil {
+		return err
+	}
+	quoted := make([]string, len(argv))
+	for i, a := range argv {
+		quoted[i] = shellQuote(a)
+	}
+	cl, err := newRemote(c)
+	if err != nil {
+		return err
+	}
+	s, err := cl.Attach(c.Context, pos[0])
+	if err != nil {
+		return err
+	}
+	cmd := client.Command{Command: strings.Join(quoted, " "), WorkingDirectory: c.String("workdir"), Env: env,
+		Stdout: c.App.Writer, Stderr: c.App.ErrWriter}
+	if c.Bool("stdin") || !isTerminal(c.App.Reader) {
+		cmd.Stdin = c.App.Reader
+	}
+	p, err := s.Spawn(c.Context, cmd)
+	if err != nil {
+		return err
+	}
+	code, err := p.Wait(context.WithoutCancel(c.Context)) // an interrupt kills the command: wait for its end
+	if err != nil && !errors.Is(err, context.Canceled) {
+		return err
+	}
+	if code != 0 {
+		return &exitError{code: code}
+	}
+	return nil
+}
+
+func isTerminal(r io.Reader) bool {
+	f, ok := r.(*os.File)
+	return ok && term.IsTerminal(int(f.Fd()))
+}
+
+func runTemplateLs(c *cli.Context) error {
+	cl, err := newRemote(c)
+	if err != nil {
+		return err
+	}
+	list, err := cl.Templates(c.Context)
+	if err != nil {
+		return err
+	}
+	if c.Bool("json") {
+		if list == nil {
+			list = []client.TemplateInfo{}
+		}
+		enc := json.NewEncoder(c.App.Writer)
+		enc.SetIndent("", "  ")
+		return enc.Encode(list)
+	}
+	tw := tabwriter.NewWriter(c.App.Writer, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tCREATED\tSIZE")
+	for _, t := range list {
+		fmt.Fprintf(tw, "%s\t%s\t%s\n", t.ID, ago(t.Created), human(t.LayerBytes))
+	}
+	return tw.Flush()
+}
+
+func runTemplateRm(c *cli.Context) error {
+	ids, err := interspersed(c)
+	if err != nil {
+		return err
+	}
+	if len(ids) == 0 {
+		return badInput("template rm takes one or more template IDs")
+	}
+	cl, err := newRemote(c)
+	if err != nil {
+		return err
+	}
+	for _, id := range ids {
+		if err := cl.DeleteTemplate(c.Context, id); err != nil {
+			return err
+		}
+		fmt.Fprintln(c.App.Writer, id)
+	}
+	return nil
+}
+
+func runPolicySet(c *cli.Context) error {
+	args, err := interspersed(c)
+	if err != nil {
+		return err
+	}
+	if len(args) < 1 || len(args) > 2 {
+		return badInput("policy set takes a sandbox NAME and, optionally, allow-all or deny-all")
+	}
+	custom := len(values(c, "allow"))+len(values(c, "allow-cidr"))+len(values(c, "deny-cidr")) > 0
+	var p client.NetworkPolicy
+	switch {
+	case len(args) == 2 && (custom || c.String("file") != ""):
+		return badInput("policy set: %s takes no --allow, --allow-cidr, --deny-cidr or --file", args[1])
+	case len(args) == 2 && (args[1] == client.ModeAllowAll || args[1] == client.ModeDenyAll):
+		p = client.NetworkPolicy{Mode: args[1]}
+	case len(args) == 2:
+		return badInput("policy set: %q: want allow-all or deny-all, or --allow/--allow-cidr/--deny-cidr for a custom policy", args[1])
+	case c.String("file") != "":
+		if custom {
+			return badInput("policy set: give --file or --allow/--allow-cidr/--deny-cidr, not both")
+		}
+		if p, err = readPolicyFile(c.String("file")); err != nil {
+			return err
+		}
+	case custom:
+		p = client.NetworkPolicy{Mode: client.ModeCustom, AllowedHosts: values(c, "allow"), AllowedCIDRs: values(c, "allow-cidr"), DeniedCIDRs: values(c, "deny-cidr")}
+	default:
+		return badInput("policy set: say what the sandbox may reach: allow-all, deny-all, --allow HOST, --allow-cidr CIDR, --deny-cidr CIDR or --file FILE")
+	}
+	cl, err := newRemote(c)
+	if err != nil {
+		return err
+	}
+	s, err := cl.Attach(c.Context, args[0])
+	if err != nil {
+		return err
+	}
+	return s.SetNetworkPolicy(c.Context, p)
+}
+
+func runAudit(c *cli.Context) error {
+	name, err := oneName(c, "audit")
+	if err != nil {
+		return err
+	}
+	cl, err := newRemote(c)
+	if err != nil {
+		return err
+	}
+	enc := json.NewEncoder(c.App.Writer)
+	if !c.Bool("follow") {
+		s, err := cl.Attach(c.Context, name)
+		if err != nil && !errors.Is(err, client.ErrSandboxNotRunning) {
+			return err
+		}
+		if s == nil { // suspended: its events are gone with its run
+			return nil
+		}
+		events, err := s.Audit(c.Context)
+		if err != nil {
+			return err
+		}
+		for _, e := range events {
+			enc.Encode(e)
+		}
+		return nil
+	}
+	s, err := cl.Attach(c.Context, name)
+	if err != nil {
+		return err
+	}
+	for e, err := range s.FollowAudit(c.Context) {
+		if err != nil {
+			return err
+		}
+		if err := enc.Encode(e); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func runPreflight(c *cli.Context) error {
+	if args, err := interspersed(c); err != nil || len(args) > 0 {
+		if err != nil {
+			return err
+		}
+		return badInput("preflight takes no arguments")
+	}
+	cl, err := newRemote(c)
+	if err != nil {
+		return err
+	}
+	rep, err := cl.Preflight(c.Context)
+	w := c.App.Writer
+	fmt.Fprintf(w, "service     %s\n", rep.URL)
+	if rep.Protocol != 0 {
+		fmt.Fprintf(w, "version     %s, protocol %d\n", rep.Version, rep.Protocol)
+	}
+	if err != nil {
+		return err
+	}
+	switch rep.Refused {
+	case "":
+		fmt.Fprintln(w, "credentials none: a local service on loopback without a token")
+	default:
+		fmt.Fprintf(w, "credentials required (a call without them is refused by the %s)\n", rep.Refused)
+	}
+	fmt.Fprintf(w, "routes      all %d the client calls are documented\n", rep.Routes)
+	fmt.Fprintln(w, "ok")
+	return nil
+}
+
+// forwardSpec is one LOCAL:PORT of port-forward.
+type forwardSpec struct{ local, remote int }
+
+func parseForward(s string) (forwardSpec, error) {
+	l, r, ok := strings.Cut(s, ":")
+	if !ok {
+		l, r = s, s
+	}
+	lp, err1 := strconv.Atoi(l)
+	rp, err2 := strconv.Atoi(r)
+	if err1 != nil || err2 != nil || lp < 0 || lp > 65535 || rp < 1 || rp > 65535 {
+		return forwardSpec{}, badInput("port-forward %q: want [LOCAL:]PORT, ports 1 to 65535 (LOCAL 0: any free one)", s)
+	}
+	return forwardSpec{lp, rp}, nil
+}
+
+func runPortForward(c *cli.Context) error {
+	args, err := interspersed(c)
+	if err != nil {
+		return err
+	}
+	if len(args) < 2 {
+		return badInput("port-forward takes a sandbox NAME and one or more [LOCAL:]PORT")
+	}
+	var specs []forwardSpec
+	for _, a := range args[1:] {
+		sp, err := parseForward(a)
+		if err != nil {
+			return err
+		}
+		specs = append(specs, sp)
+	}
+	cl, err := newRemote(c)
+	if err != nil {
+		return err
+	}
+	s, err := cl.Attach(c.Context, args[0])
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(c.Context)
+	defer cancel()
+	var lns []net.Listener
+	defer func() {
+		for _, ln := range lns {
+			ln.Close()
+		}
+	}()
+	for _, sp := range specs {
+		ln, err := net.Listen("tcp", net.JoinHostPort(c.String("address"), strconv.Itoa(sp.local)))
+		if err != nil {
+			return badInput("port-forward: %v", err)
+		}
+		lns = append(lns, ln)
+		fmt.Fprintf(c.App.Writer, "Forwarding from %s -> %d\n", ln.Addr(), sp.remote)
+	}
+	var wg sync.WaitGroup
+	for i, ln := range lns {
+		f := &forwarder{s: s, remote: specs[i].remote, log: c.App.ErrWriter}
+		wg.Go(func() { f.serve(ctx, ln) })
+	}
+	<-ctx.Done()
+	for _, ln := range lns {
+		ln.Close()
+	}
+	wg.Wait()
+	return nil
+}
+
+// forwarder carries a local listener's connections to a port of a
+// sandbox, each over its own TCP bridge connection.
+type forwarder struct {
+	s      *client.Session
+	remote int
+	log    io.Writer
+	mu     sync.Mutex
+}
+
+func (f *forwarder) serve(ctx context.Context, ln net.Listener) {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		conn, err := ln.Accept()
+		if err != nil {
+			return // closed
+		}
+		wg.Go(func() { f.carry(ctx, conn) })
+	}
+}
+
+func (f *forwarder) carry(ctx context.Context, local net.Conn) {
+	defer local.Close()
+	dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	remote, err := f.s.DialPort(dctx, f.remote)
+	cancel()
+	if err != nil {
+		f.mu.Lock()
+		fmt.Fprintf(f.log, "sandgate: port-forward to %d: %v\n", f.remote, err)
+		f.mu.Unlock()
+		return
+	}
+	defer remote.Close()
+	stop := context.AfterFunc(ctx, func() { local.Close(); remote.Close() })
+	defer stop()
+	done := make(chan struct{})
+	go func() {
+		io.Copy(remote, local)
+		remote.Close()
+		close(done)
+	}()
+	io.Copy(local, remote)
+	local.Close()
+	<-done
+}
