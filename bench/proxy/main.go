@@ -113,11 +113,18 @@ func run(bin string, bulk int64, dur time.Duration, conc, latN int) error {
 	if err != nil {
 		return err
 	}
+	rcpu0 := benchkit.ProcCPU(p.Cmd.Process.Pid)
 	rR, _, err := benchkit.Rate(route, conc, dur)
 	if err != nil {
 		return err
 	}
+	rcpu := benchkit.ProcCPU(p.Cmd.Process.Pid) - rcpu0
 	fmt.Printf("route request rate (c=%d)   direct %8.0f req/s  route %8.0f req/s  ratio %.2f\n", conc, dR, rR, rR/dR)
+	// What a routed request costs the proxy process itself (user and
+	// system CPU, kernel TCP work on its sockets included), against the
+	// whole machine's CPU per direct request (client and upstream).
+	fmt.Printf("  proxy CPU per routed request %6.1f µs   (direct: %.1f µs of the %d cores' time per request)\n",
+		rcpu.Seconds()/(rR*dur.Seconds())*1e6, float64(runtime.NumCPU())/dR*1e6, runtime.NumCPU())
 
 	// 3. Latency, one request at a time, interleaved so that noise hits both.
 	ls, err := benchkit.Latencies([]benchkit.Target{direct, route}, latN)
