@@ -32,9 +32,9 @@ type rig struct {
 	// (through a wrapper named "sandbox"): the agent's link is then a pair
 	// of pipes, and egress crosses the agent and the yamux link as bytes,
 	// as it does on Cloud Run.
-	pipes *appliance.Launcher
-	state string
-	prefix   string // sandbox ids start with it: unique to this run
+	pipes  *appliance.Launcher
+	state  string
+	prefix string // sandbox ids start with it: unique to this run
 
 	standalone     string // the standalone proxy's TCP address
 	stopStandalone context.CancelFunc
