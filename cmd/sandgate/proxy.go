@@ -98,7 +98,7 @@ func runProxy(c *cli.Context) error {
 	metrics := audit.NewMetrics(reg)
 	p, err := relay.New(relay.Config{
 		Decider:       eg.decider,
-		Audit:         audit.Multi{audit.Logger{L: cloudlog.New(auditOut, slog.LevelInfo)}, metrics},
+		Audit:         audit.Multi{audit.NewJSONLines(auditOut), metrics},
 		Metrics:       metrics,
 		Logger:        logger,
 		UpstreamRoots: roots,
