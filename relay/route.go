@@ -84,11 +84,11 @@ func (cc *clientConn) forward(ctx context.Context, req *http.Request, t target, 
 	}
 	ev.Port = netpolicy.HTTPSPort
 
-	out, err := outboundRequest(ctx, req, dec, t, body)
+	expect := req.ContentLength != 0 && strings.EqualFold(req.Header.Get("Expect"), "100-continue")
+	out, err := outboundRequest(req, dec, t, body)
 	if err != nil {
 		return nil, false, err
 	}
-	expect := req.ContentLength != 0 && strings.EqualFold(req.Header.Get("Expect"), "100-continue")
 	continue100 := func() {
 		if expect {
 			expect = false
@@ -209,8 +209,10 @@ func stripHop(h http.Header) {
 // outboundRequest builds the request sent upstream: same method, path,
 // query, headers (less hop-by-hop and Proxy-*) and streaming body; Host is
 // the decided host. Nothing is added: no X-Forwarded-*, no User-Agent.
-func outboundRequest(ctx context.Context, req *http.Request, dec netpolicy.Decision, t target, body *countingBody) (*http.Request, error) {
-	ru, err := url.ParseRequestURI(t.rest)
+// The sandbox's request gives its header map to the outbound one (req.Header
+// is nil after): nothing reads it again, and the swap writes only into out.
+func outboundRequest(req *http.Request, dec netpolicy.Decision, t target, body *countingBody) (*http.Request, error) {
+	u, err := url.ParseRequestURI(t.rest)
 	if err != nil {
 		return nil, badRequest("route path %q: %v", truncate(t.rest, 100), err)
 	}
@@ -218,28 +220,30 @@ func outboundRequest(ctx context.Context, req *http.Request, dec netpolicy.Decis
 	if dec.Host.IsIP() && dec.Host.Addr.Is6() {
 		host = "[" + host + "]"
 	}
-	u := &url.URL{Scheme: "https", Host: host, Path: ru.Path, RawPath: ru.RawPath, RawQuery: ru.RawQuery}
+	// Keep RawPath exactly as sent; nothing else of the sandbox's URI.
+	*u = url.URL{Scheme: "https", Host: host, Path: u.Path, RawPath: u.RawPath, RawQuery: u.RawQuery}
 	var rb io.ReadCloser = http.NoBody
 	if req.ContentLength != 0 {
 		rb = body
 	}
-	out, err := http.NewRequestWithContext(ctx, req.Method, u.String(), rb)
-	if err != nil {
-		return nil, badRequest("route: %v", err)
+	h := req.Header
+	req.Header = nil
+	if h == nil {
+		h = http.Header{}
 	}
-	out.URL = u // keep RawPath exactly as sent
-	out.ContentLength = req.ContentLength
+	stripHop(h)
+	if _, ok := h["User-Agent"]; !ok {
+		h["User-Agent"] = []string{""} // net/http would add its own
+	}
+	out := &http.Request{
+		Method: req.Method, URL: u, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+		Header: h, Body: rb, ContentLength: req.ContentLength, Host: host,
+	}
 	if req.ContentLength < 0 {
 		// Say so, or net/http probes the body with a goroutine of its own
 		// that can outlive the request and read the sandbox's connection.
 		out.TransferEncoding = []string{"chunked"}
 	}
-	out.Header = req.Header.Clone()
-	stripHop(out.Header)
-	if _, ok := out.Header["User-Agent"]; !ok {
-		out.Header["User-Agent"] = []string{""} // net/http would add its own
-	}
-	out.Host = host
 	return out, nil
 }
 

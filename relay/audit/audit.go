@@ -195,29 +195,61 @@ func (r *Rings) Forget(sandbox string) {
 // JSONLines writes each event as one JSON line to a writer: the line
 // Logger writes through a cloudlog logger ("time", "severity", "message":
 // "egress", then the event's keys, the optional ones only when set), but
-// encoded straight into a reused buffer, with one Write per event and no
-// allocation. It is the proxy's audit log: an event is written on the
-// connection's goroutine after each routed request, so what it costs is
-// paid per request. Lines are never interleaved.
+// encoded straight into a reused buffer, without allocating. It is the
+// proxy's audit log: an event is written on the connection's goroutine after
+// each routed request, so what it costs is paid per request.
+//
+// Writes are group-committed: a Record that finds another one writing adds
+// its line to the next write and returns, and the writing one writes what
+// accumulated before it returns. Under load many lines go out in one
+// write; alone, each line is written before Record returns. Lines are never
+// interleaved or reordered. No goroutine is involved.
 type JSONLines struct {
-	mu  sync.Mutex
-	w   io.Writer
-	buf []byte
+	mu      sync.Mutex
+	w       io.Writer
+	pending []byte // encoded lines not written yet
+	spare   []byte // the buffer being written, reused for pending
+	writing bool
 }
 
 // NewJSONLines returns a sink writing to w.
 func NewJSONLines(w io.Writer) *JSONLines { return &JSONLines{w: w} }
 
+// jsonLinesKeep bounds the buffers kept between writes.
+const jsonLinesKeep = 256 << 10
+
 // Record implements Sink. A write error is dropped, as a logger drops it.
 func (j *JSONLines) Record(e Event) {
-	t := e.Time
-	if t.IsZero() {
-		t = time.Now()
+	if e.Time.IsZero() {
+		e.Time = time.Now()
 	}
 	j.mu.Lock()
-	defer j.mu.Unlock()
-	b := append(j.buf[:0], `{"time":"`...)
-	b = t.AppendFormat(b, time.RFC3339Nano)
+	j.pending = appendEvent(j.pending, &e)
+	if j.writing {
+		j.mu.Unlock()
+		return
+	}
+	j.writing = true
+	for len(j.pending) > 0 {
+		b := j.pending
+		j.pending = j.spare[:0]
+		j.mu.Unlock()
+		j.w.Write(b)
+		j.mu.Lock()
+		if cap(b) <= jsonLinesKeep {
+			j.spare = b[:0]
+		} else {
+			j.spare = nil
+		}
+	}
+	j.writing = false
+	j.mu.Unlock()
+}
+
+// appendEvent appends e's line to b.
+func appendEvent(b []byte, e *Event) []byte {
+	b = append(b, `{"time":"`...)
+	b = e.Time.AppendFormat(b, time.RFC3339Nano)
 	b = append(b, `","severity":"`...)
 	if e.Allow {
 		b = append(b, "INFO"...)
@@ -268,9 +300,7 @@ func (j *JSONLines) Record(e Event) {
 	if e.Error != "" {
 		b = appendStr(b, "error", e.Error)
 	}
-	b = append(b, "}\n"...)
-	j.buf = b
-	j.w.Write(b)
+	return append(b, "}\n"...)
 }
 
 func appendKey(b []byte, k string) []byte {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -140,4 +141,56 @@ func TestJSONLinesMatchesLogger(t *testing.T) {
 			t.Errorf("event %d: %d newlines, want one line", i, n)
 		}
 	}
+}
+
+// Concurrent records each get one whole line, whoever writes it.
+func TestJSONLinesConcurrent(t *testing.T) {
+	var buf lockedBuffer
+	j := NewJSONLines(&buf)
+	const n, workers = 200, 8
+	done := make(chan struct{})
+	for w := range workers {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			for i := range n {
+				j.Record(Event{Sandbox: fmt.Sprintf("w%d", w), Path: fmt.Sprint(i), Allow: true})
+			}
+		}()
+	}
+	for range workers {
+		<-done
+	}
+	lines := strings.Split(strings.TrimSuffix(buf.String(), "\n"), "\n")
+	if len(lines) != n*workers {
+		t.Fatalf("got %d lines, want %d", len(lines), n*workers)
+	}
+	next := map[string]int{}
+	for _, l := range lines {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(l), &m); err != nil {
+			t.Fatalf("line %q: %v", l, err)
+		}
+		w, p := m["sandbox"].(string), m["path"].(string)
+		if p != fmt.Sprint(next[w]) {
+			t.Fatalf("worker %s: path %s after %d: lines reordered", w, p, next[w])
+		}
+		next[w]++
+	}
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
