@@ -7,15 +7,23 @@ import (
 	"time"
 )
 
-// layerWriter is the write side of a layer: tar → hash/count → compressor →
-// hash/count → w, one streaming pass.
+// layerWriter is the write side of a layer: tar → count → (stage) →
+// hash/count → compressor → hash/count → w, one streaming pass. The walk
+// that writes the tar runs in the caller's goroutine; the tar's sha256 and
+// the compressor's input run in a stage goroutine of their own, so that on
+// two cores the walk (file system calls, tar headers) and the hashing
+// overlap, and the compressor's own workers (zstd) take what is left.
 type layerWriter struct {
 	comp   Compression
 	bw     *bufio.Writer
 	compHC *hashCounter
 	enc    io.WriteCloser
 	tarHC  *hashCounter
-	tw     *tar.Writer
+	stage  *stageWriter
+	// tarN counts the tar bytes written so far, in the walk's goroutine
+	// (for progress reports).
+	tarN *countWriter
+	tw   *tar.Writer
 }
 
 func newLayerWriter(w io.Writer, comp Compression, level int) (*layerWriter, error) {
@@ -30,7 +38,9 @@ func newLayerWriter(w io.Writer, comp Compression, level int) (*layerWriter, err
 	}
 	lw.enc = enc
 	lw.tarHC = newHashCounter(enc)
-	lw.tw = tar.NewWriter(lw.tarHC)
+	lw.stage = newStageWriter(lw.tarHC)
+	lw.tarN = &countWriter{w: lw.stage}
+	lw.tw = tar.NewWriter(lw.tarN)
 	return lw, nil
 }
 
@@ -39,6 +49,9 @@ func newLayerWriter(w io.Writer, comp Compression, level int) (*layerWriter, err
 func (lw *layerWriter) close(err error, entries int64) (*Manifest, error) {
 	if err == nil {
 		err = lw.tw.Close()
+	}
+	if cerr := lw.stage.Close(); err == nil {
+		err = cerr
 	}
 	if cerr := lw.enc.Close(); err == nil {
 		err = cerr
