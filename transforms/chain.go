@@ -193,6 +193,11 @@ func scrubWhole(resp *http.Response, applied Applied) error {
 	if resp.Body == nil || resp.Body == http.NoBody || resp.Request != nil && resp.Request.Method == http.MethodHead {
 		known = -1 // no body to read whole; a HEAD keeps the length it announced
 	}
+	if known >= 0 && known <= wholeBodyMax {
+		if coding, err := contentCoding(resp.Header); err == nil && coding == "" {
+			return scrubSmall(resp, newScrubber(applied.Secrets), known)
+		}
+	}
 	if err := applied.ScrubResponse(resp); err != nil {
 		return &scrubError{err}
 	}
@@ -213,6 +218,39 @@ func scrubWhole(resp *http.Response, applied Applied) error {
 		return nil
 	}
 	resp.Body.Close()
+	resp.Body = io.NopCloser(bytes.NewReader(buf))
+	resp.ContentLength = int64(len(buf))
+	return nil
+}
+
+// scrubSmall scrubs an identity-encoded response whose body of known
+// length n (at most wholeBodyMax) is read whole: what ScrubResponse and
+// the read of its scrubbing reader would do, in one read and one scan
+// (none when the secret is not in the body, which is the rule).
+func scrubSmall(resp *http.Response, m *scrubber, n int64) error {
+	m.scrubHeader(resp.Header)
+	m.scrubHeader(resp.Trailer)
+	buf := make([]byte, n)
+	_, err := io.ReadFull(resp.Body, buf)
+	if err == nil {
+		// A body longer than announced is the upstream's error, as a
+		// streaming read would have found.
+		var one [1]byte
+		if k, _ := resp.Body.Read(one[:]); k > 0 {
+			err = errors.New("upstream sent more body than its Content-Length")
+		}
+	}
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	for _, p := range m.pats {
+		if bytes.Contains(buf, p.find) {
+			buf, _ = m.scan(nil, buf, true, make([]int, len(m.pats)))
+			break
+		}
+	}
+	resp.Header.Del("Content-Length")
 	resp.Body = io.NopCloser(bytes.NewReader(buf))
 	resp.ContentLength = int64(len(buf))
 	return nil

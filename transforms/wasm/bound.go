@@ -400,7 +400,7 @@ func (b *binder) check(out []byte) []byte {
 func (b *binder) code(body []byte) ([]byte, error) {
 	r := &wreader{b: body}
 	n := r.u32()
-	out := appendU32(make([]byte, 0, len(body)+int(n)*32), n)
+	out := appendU32(make([]byte, 0, len(body)+len(body)/4), n) // checks add about a fifth
 	var fb []byte
 	for k := uint32(0); k < n && r.err == nil; k++ {
 		size := r.u32()

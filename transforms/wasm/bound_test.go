@@ -163,3 +163,34 @@ func TestBoundGuestRunsAcrossYields(t *testing.T) {
 		notesHave(t, mustRun(t, outbound(t, "GET", "/", ""), m), "ok")
 	}
 }
+
+// FuzzBound: bound never panics on any input, and whatever wazero
+// compiles still compiles once bound rewrote it.
+func FuzzBound(f *testing.F) {
+	f.Add(handler(opI64Const1...).bytes())
+	f.Add(handler(cat(opLoopForever, opI64Const1)...).bytes())
+	f.Add(handler(0x02, 0x40, 0x03, 0x7e, 0x42, 0x01, 0x0b, 0x1a, 0x0b, 0x42, 0x01).bytes()) // block (loop (result i64) …) drop
+	f.Add([]byte("\x00asm\x01\x00\x00\x00"))
+	rt := wazero.NewRuntime(context.Background())
+	defer rt.Close(context.Background())
+	f.Fuzz(func(t *testing.T, bin []byte) {
+		b, err := bound(bin)
+		cm, cerr := rt.CompileModule(context.Background(), bin)
+		if cerr != nil {
+			return
+		}
+		defer cm.Close(context.Background())
+		if err != nil {
+			var be *boundError
+			if !errors.As(err, &be) {
+				t.Fatalf("bound failed with %T %v", err, err)
+			}
+			return // a valid module bound refuses: a feature it does not know
+		}
+		bcm, err := rt.CompileModule(context.Background(), b.bin)
+		if err != nil {
+			t.Fatalf("compiles, but not once bound: %v", err)
+		}
+		bcm.Close(context.Background())
+	})
+}
