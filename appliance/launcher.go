@@ -18,10 +18,12 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/sandgate/sandgate/appliance/agent"
 	"github.com/sandgate/sandgate/appliance/localbox"
 )
 
@@ -592,6 +594,13 @@ func (l *Launcher) startAgent(id string) (*link, error) {
 		}
 		if k.stdout, err = cmd.StdoutPipe(); err != nil {
 			return nil, err
+		}
+		// Egress bytes cross these pipes: a large buffer lets a whole
+		// yamux frame go in at once (agent.GrowPipe).
+		for _, p := range []any{k.stdin, k.stdout} {
+			if c, ok := p.(syscall.Conn); ok {
+				agent.GrowPipe(c)
+			}
 		}
 	} else {
 		var err error

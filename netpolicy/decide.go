@@ -99,7 +99,8 @@ func (d *Decider) Decide(ctx context.Context, args DecideArgs) (Decision, error)
 	if dec.Port == 0 {
 		dec.Port = HTTPSPort
 	}
-	h, err := CanonicalHost(args.Host)
+	hm := canonicalHostMemo(args.Host)
+	h, err := hm.host, hm.err
 	if err != nil {
 		return deny(dec, CodeInvalidHost, "", err.Error()), nil
 	}
@@ -114,7 +115,7 @@ func (d *Decider) Decide(ctx context.Context, args DecideArgs) (Decision, error)
 	if h.IsIP() {
 		return d.decideAddr(dec, p), nil
 	}
-	if why := localNameReason(h.Name); why != "" {
+	if why := hm.local; why != "" {
 		return deny(dec, CodeLocalName, "name:"+h.Name, fmt.Sprintf("%s is refused before any lookup: %s", h.Name, why)), nil
 	}
 	rule, code, reason := d.matchName(p, h.Name, args.Route)

@@ -239,16 +239,22 @@ func headEnd(b []byte, from int) int {
 // to different parsers (request smuggling).
 func checkFraming(head []byte) error {
 	var cl, te bool
-	for _, line := range bytes.Split(head, []byte("\n")) {
+	for len(head) > 0 {
+		line := head
+		if i := bytes.IndexByte(head, '\n'); i >= 0 {
+			line, head = head[:i], head[i+1:]
+		} else {
+			head = nil
+		}
 		name, _, ok := bytes.Cut(line, []byte(":"))
 		if !ok {
 			continue
 		}
-		n := strings.ToLower(strings.TrimSpace(string(name)))
-		switch n {
-		case "content-length":
+		name = bytes.TrimSpace(name)
+		switch {
+		case bytes.EqualFold(name, []byte("content-length")):
 			cl = true
-		case "transfer-encoding":
+		case bytes.EqualFold(name, []byte("transfer-encoding")):
 			te = true
 		}
 	}

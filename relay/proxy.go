@@ -134,6 +134,7 @@ type Tenant struct {
 	policy     atomic.Pointer[netpolicy.Policy]
 	transforms *transforms.RuleSet
 	modules    atomic.Pointer[wasm.Chain]
+	joined     atomic.Pointer[joinedModules]
 	open       atomic.Int64
 	seen       atomic.Int64 // unix nanoseconds of the last connection's start or end
 
@@ -191,6 +192,22 @@ func (s *Tenant) Egress() (open int64, last time.Time) {
 		last = time.Unix(0, n)
 	}
 	return s.open.Load(), last
+}
+
+// joinedModules is the service-wide chain followed by the sandbox's own,
+// kept so that a request does not join them again.
+type joinedModules struct{ svc, own, both *wasm.Chain }
+
+// modulesWith returns the modules a request of the sandbox runs: svc (the
+// proxy's), then the sandbox's own. The result is nil when there are none.
+func (s *Tenant) modulesWith(svc *wasm.Chain) *wasm.Chain {
+	own := s.modules.Load()
+	if j := s.joined.Load(); j != nil && j.svc == svc && j.own == own {
+		return j.both
+	}
+	j := &joinedModules{svc: svc, own: own, both: wasm.Join(svc, own)}
+	s.joined.Store(j)
+	return j.both
 }
 
 // Close releases the sandbox's kept-alive upstream connections.

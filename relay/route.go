@@ -19,84 +19,76 @@ import (
 	"github.com/sandgate/sandgate/netpolicy"
 	"github.com/sandgate/sandgate/relay/audit"
 	"github.com/sandgate/sandgate/transforms"
-	"github.com/sandgate/sandgate/transforms/wasm"
 )
 
 // route forwards a base-URL request (/https/<host>/<path>?<query>) over
 // HTTPS to host, after the policy allowed it and the transformation chain
-// rewrote its headers; the response streams back, scrubbed of any secret
-// that went out. It reports whether the connection may carry another
-// request.
+// rewrote it; the response streams back through the chain's response pass
+// (the scrub, then the modules). It reports whether the connection may
+// carry another request.
 func (cc *clientConn) route(ctx context.Context, req *http.Request, t target) bool {
 	start := time.Now()
 	ev := audit.Event{Sandbox: cc.sb.id, Kind: audit.Route, Host: t.host, Port: t.port, Method: req.Method, Path: pathOnly(t.rest)}
 	body := &countingBody{r: req.Body, conn: cc.c, idle: cc.p.cfg.IdleTimeout}
-	var applied transforms.Applied
-	keep, err := cc.forward(ctx, req, t, &ev, body, &applied)
-	ev.BytesIn, ev.Duration = body.n.Load(), time.Since(start)
+	x, keep, err := cc.forward(ctx, req, t, &ev, body)
 	if err != nil {
 		e := asError(err)
 		if body.stalled.Load() {
 			e = limitError(fmt.Sprintf("request body stalled: no byte for %s", cc.p.cfg.IdleTimeout), time.Second)
 		}
-		if len(applied.Secrets) > 0 {
+		if x != nil && x.Swapped() {
 			// An error may quote what the upstream sent (a parser error
 			// does), and the upstream may have echoed the secret.
-			e = &Error{Status: e.Status, Code: e.Code, Reason: applied.ScrubString(e.Error()), RetryAfter: e.RetryAfter}
+			e = &Error{Status: e.Status, Code: e.Code, Reason: x.ScrubString(e.Error()), RetryAfter: e.RetryAfter}
 		}
 		ev.Status = e.Status
 		if ev.Allow { // the policy allowed; something after it failed
 			ev.Code, ev.Error = e.Code, e.Error()
 		}
-		scrubNotes(&ev, applied)
-		cc.p.record(ev)
 		cc.writeError(e, true)
+		keep = false
 		cc.linger = req.ContentLength != 0 && !body.eof.Load()
-		return false
-	}
-	ev.Error = applied.ScrubString(ev.Error)
-	scrubNotes(&ev, applied)
-	cc.p.record(ev)
-	if req.ContentLength != 0 && !body.eof.Load() {
+	} else if req.ContentLength != 0 && !body.eof.Load() {
 		// The sandbox is still sending a body nobody will read: closing
 		// now would reset the connection under the response it has not
 		// read yet.
 		cc.linger = true
-		return false
+		keep = false
 	}
+	if x != nil {
+		x.Close() // the modules' error pass may add notes
+		a := x.Audit()
+		ev.Transforms, ev.Notes, ev.NotesDropped = a.Transforms, a.Notes, a.NotesDropped
+		if a.Module != "" {
+			ev.Module = a.Module
+		}
+		ev.Error = x.ScrubString(ev.Error)
+	}
+	ev.BytesIn, ev.Duration = body.n.Load(), time.Since(start)
+	cc.p.record(ev)
 	return keep
 }
 
-// scrubNotes replaces any swapped secret in the modules' audit notes by
-// its placeholder. Modules run before the swap and so never see a secret,
-// but a note may quote what the upstream sent back.
-func scrubNotes(ev *audit.Event, applied transforms.Applied) {
-	if len(applied.Secrets) == 0 {
-		return
-	}
-	for i, n := range ev.Notes {
-		ev.Notes[i] = applied.ScrubString(n)
-	}
-}
-
-// forward does the work of route; ev is filled as it goes. An error means
-// nothing has been written to the sandbox yet.
-func (cc *clientConn) forward(ctx context.Context, req *http.Request, t target, ev *audit.Event, body *countingBody, applied *transforms.Applied) (bool, error) {
+// forward does the work of route; ev is filled as it goes. It returns the
+// request's passage through the transformation chain (nil if it did not
+// get that far), which route closes. An error means nothing has been
+// written to the sandbox yet.
+func (cc *clientConn) forward(ctx context.Context, req *http.Request, t target, ev *audit.Event, body *countingBody) (*transforms.Exchange, bool, error) {
 	dec, err := cc.p.cfg.Decider.Decide(ctx, netpolicy.DecideArgs{Policy: cc.sb.Policy(), Host: t.host, Port: t.port, Route: true})
 	fillDecision(ev, dec)
 	if err != nil {
-		return false, err
+		return nil, false, err
 	}
 	if !dec.Allow {
-		return false, denied(dec)
+		return nil, false, denied(dec)
 	}
 	ev.Port = netpolicy.HTTPSPort
 
-	out, err := outboundRequest(ctx, req, dec, t, body)
+	expect := req.ContentLength != 0 && strings.EqualFold(req.Header.Get("Expect"), "100-continue")
+	out, err := outboundRequest(req, dec, t, body)
 	if err != nil {
-		return false, err
+		return nil, false, err
 	}
-	expect := strings.EqualFold(req.Header.Get("Expect"), "100-continue") && req.ContentLength != 0
 	continue100 := func() {
 		if expect {
 			expect = false
@@ -105,29 +97,26 @@ func (cc *clientConn) forward(ctx context.Context, req *http.Request, t target, 
 		}
 	}
 
-	// User modules run first: they see the request with placeholders, never
-	// a secret, and cannot change the destination host.
-	var ex *wasm.Exchange
-	if cc.p.cfg.Modules.Len() > 0 || cc.sb.Modules().Len() > 0 {
-		info := wasm.RequestInfo{Sandbox: cc.sb.id, Proto: req.Proto, BeforeBodyRead: continue100}
+	// The chain enforces the order: modules, then the swap; on the way
+	// back the scrub, then the modules.
+	chain := transforms.Chain{Modules: cc.sb.modulesWith(cc.p.cfg.Modules), Rules: cc.sb.transforms}
+	info := transforms.RequestInfo{Sandbox: cc.sb.id, Proto: req.Proto}
+	if expect {
+		info.BeforeBodyRead = continue100
+	}
+	if chain.Modules.Len() > 0 {
 		if a := cc.c.RemoteAddr(); a != nil {
 			info.SourceAddr = a.String()
 		}
-		ex, err = wasm.HandleRequest(ctx, out, info, cc.p.cfg.Modules, cc.sb.Modules())
-		defer func() {
-			ex.Close()
-			ev.Notes, ev.NotesDropped = ex.Notes(), ex.NotesDropped()
-		}()
-		if err != nil {
-			return false, moduleFailed(ev, err)
-		}
-		if a := ex.Answer(); a != nil {
-			return cc.answer(ctx, req, ex, a, ev)
-		}
 	}
-
-	*applied = cc.sb.transforms.Apply(out)
-	ev.Transforms = applied.Rules
+	x, err := chain.Request(ctx, out, info)
+	if err != nil {
+		return x, false, err
+	}
+	if a := x.Answer(); a != nil {
+		keep, err := cc.answer(ctx, req, x, a, ev)
+		return x, keep, err
+	}
 
 	continue100()
 	resp, addr, err := cc.sb.upstream(cc.p).roundTrip(ctx, out, dec.Host.String(), &dec)
@@ -135,16 +124,11 @@ func (cc *clientConn) forward(ctx context.Context, req *http.Request, t target, 
 		ev.Addr = netip.AddrPortFrom(addr, netpolicy.HTTPSPort).String()
 	}
 	if err != nil {
-		return false, err
+		return x, false, err
 	}
 	defer resp.Body.Close()
-	if len(applied.Secrets) > 0 {
-		if err := scrub(resp, *applied); err != nil {
-			return false, err
-		}
-	}
-	if err := ex.HandleResponse(ctx, resp); err != nil {
-		return false, moduleFailed(ev, err)
+	if err := x.Response(ctx, resp); err != nil {
+		return x, false, responseError(err)
 	}
 	ev.Status = resp.StatusCode
 	closing := req.Close
@@ -152,26 +136,30 @@ func (cc *clientConn) forward(ctx context.Context, req *http.Request, t target, 
 	ev.BytesOut = n
 	if werr != nil {
 		ev.Error = werr.Error()
-		return false, nil
+		return x, false, nil
 	}
-	return !closing, nil
+	return x, !closing, nil
 }
 
-// moduleFailed notes in ev which module failed and returns err.
-func moduleFailed(ev *audit.Event, err error) error {
-	var we *wasm.Error
-	if errors.As(err, &we) {
-		ev.Module = we.Module
+// responseError maps a failed response pass to what the sandbox sees: a
+// response that could not be scrubbed, a module's failure, or the upstream
+// body that could not be read.
+func responseError(err error) error {
+	var mf transforms.ModuleFailure
+	switch {
+	case errors.Is(err, transforms.ErrScrub):
+		return &Error{Status: http.StatusBadGateway, Code: CodeTransform, Reason: transforms.ErrScrub.Error(), Err: err}
+	case errors.As(err, &mf):
+		return err
 	}
-	return err
+	return &Error{Status: http.StatusBadGateway, Code: CodeUpstream, Reason: "reading upstream body", Err: err}
 }
 
 // answer writes the response a module gave instead of the upstream's: a
 // refusal (its body, or the proxy's error naming the module and reason) or
 // the module's own response, which the modules before it may rewrite in
 // their handle_response.
-func (cc *clientConn) answer(ctx context.Context, req *http.Request, ex *wasm.Exchange, a *wasm.Answer, ev *audit.Event) (bool, error) {
-	ev.Module = a.Module
+func (cc *clientConn) answer(ctx context.Context, req *http.Request, x *transforms.Exchange, a *transforms.Answer, ev *audit.Event) (bool, error) {
 	if a.Refused {
 		ev.Allow, ev.Code = false, CodeModuleRefused
 		ev.Reason = fmt.Sprintf("wasm module %s refused the request: %s", a.Module, a.Reason)
@@ -183,10 +171,8 @@ func (cc *clientConn) answer(ctx context.Context, req *http.Request, ex *wasm.Ex
 		StatusCode: a.Status, ProtoMajor: 1, ProtoMinor: 1, Request: req,
 		Header: a.Header, ContentLength: int64(len(a.Body)), Body: io.NopCloser(bytes.NewReader(a.Body)),
 	}
-	if !a.Refused {
-		if err := ex.HandleResponse(ctx, resp); err != nil {
-			return false, moduleFailed(ev, err)
-		}
+	if err := x.Response(ctx, resp); err != nil {
+		return false, responseError(err)
 	}
 	ev.Status = resp.StatusCode
 	n, werr := cc.writeResponse(req, resp, req.Close)
@@ -196,45 +182,6 @@ func (cc *clientConn) answer(ctx context.Context, req *http.Request, ex *wasm.Ex
 		return false, nil
 	}
 	return !req.Close, nil
-}
-
-// wholeBodyMax is the largest response that is scrubbed whole rather than
-// streamed: small answers keep an exact Content-Length (one write, no
-// chunking) after the secret is replaced.
-const wholeBodyMax = 256 << 10
-
-// scrub replaces the swapped secrets in resp by their placeholders. A small
-// body of known length is read and scrubbed whole, so it keeps a
-// Content-Length; anything else (streams, SSE, large downloads) is scrubbed
-// as it streams.
-func scrub(resp *http.Response, applied transforms.Applied) error {
-	known := resp.ContentLength
-	if resp.Body == nil || resp.Body == http.NoBody || resp.Request != nil && resp.Request.Method == http.MethodHead {
-		known = -1 // no body to read whole; a HEAD keeps the length it announced
-	}
-	if err := applied.ScrubResponse(resp); err != nil {
-		return &Error{Status: http.StatusBadGateway, Code: CodeTransform, Reason: "response could not be scrubbed of the swapped credential", Err: err}
-	}
-	if known < 0 || known > wholeBodyMax {
-		return nil
-	}
-	// The decoded, scrubbed body may be larger than the wire length (gzip):
-	// read at most wholeBodyMax, and stream the rest if there is more.
-	buf, err := io.ReadAll(io.LimitReader(resp.Body, wholeBodyMax+1))
-	if err != nil {
-		return &Error{Status: http.StatusBadGateway, Code: CodeUpstream, Reason: "reading upstream body", Err: err}
-	}
-	if len(buf) > wholeBodyMax {
-		resp.Body = struct {
-			io.Reader
-			io.Closer
-		}{io.MultiReader(bytes.NewReader(buf), resp.Body), resp.Body}
-		return nil
-	}
-	resp.Body.Close()
-	resp.Body = io.NopCloser(bytes.NewReader(buf))
-	resp.ContentLength = int64(len(buf))
-	return nil
 }
 
 // hopHeaders are removed from requests and responses crossing the proxy
@@ -262,8 +209,10 @@ func stripHop(h http.Header) {
 // outboundRequest builds the request sent upstream: same method, path,
 // query, headers (less hop-by-hop and Proxy-*) and streaming body; Host is
 // the decided host. Nothing is added: no X-Forwarded-*, no User-Agent.
-func outboundRequest(ctx context.Context, req *http.Request, dec netpolicy.Decision, t target, body *countingBody) (*http.Request, error) {
-	ru, err := url.ParseRequestURI(t.rest)
+// The sandbox's request gives its header map to the outbound one (req.Header
+// is nil after): nothing reads it again, and the swap writes only into out.
+func outboundRequest(req *http.Request, dec netpolicy.Decision, t target, body *countingBody) (*http.Request, error) {
+	u, err := url.ParseRequestURI(t.rest)
 	if err != nil {
 		return nil, badRequest("route path %q: %v", truncate(t.rest, 100), err)
 	}
@@ -271,28 +220,30 @@ func outboundRequest(ctx context.Context, req *http.Request, dec netpolicy.Decis
 	if dec.Host.IsIP() && dec.Host.Addr.Is6() {
 		host = "[" + host + "]"
 	}
-	u := &url.URL{Scheme: "https", Host: host, Path: ru.Path, RawPath: ru.RawPath, RawQuery: ru.RawQuery}
+	// Keep RawPath exactly as sent; nothing else of the sandbox's URI.
+	*u = url.URL{Scheme: "https", Host: host, Path: u.Path, RawPath: u.RawPath, RawQuery: u.RawQuery}
 	var rb io.ReadCloser = http.NoBody
 	if req.ContentLength != 0 {
 		rb = body
 	}
-	out, err := http.NewRequestWithContext(ctx, req.Method, u.String(), rb)
-	if err != nil {
-		return nil, badRequest("route: %v", err)
+	h := req.Header
+	req.Header = nil
+	if h == nil {
+		h = http.Header{}
 	}
-	out.URL = u // keep RawPath exactly as sent
-	out.ContentLength = req.ContentLength
+	stripHop(h)
+	if _, ok := h["User-Agent"]; !ok {
+		h["User-Agent"] = []string{""} // net/http would add its own
+	}
+	out := &http.Request{
+		Method: req.Method, URL: u, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+		Header: h, Body: rb, ContentLength: req.ContentLength, Host: host,
+	}
 	if req.ContentLength < 0 {
 		// Say so, or net/http probes the body with a goroutine of its own
 		// that can outlive the request and read the sandbox's connection.
 		out.TransferEncoding = []string{"chunked"}
 	}
-	out.Header = req.Header.Clone()
-	stripHop(out.Header)
-	if _, ok := out.Header["User-Agent"]; !ok {
-		out.Header["User-Agent"] = []string{""} // net/http would add its own
-	}
-	out.Host = host
 	return out, nil
 }
 

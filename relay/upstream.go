@@ -15,6 +15,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -42,7 +43,8 @@ type upstreamPool struct {
 
 // upstreamConn is one TLS connection to an upstream.
 type upstreamConn struct {
-	c      net.Conn // *tls.Conn
+	c      net.Conn        // *tls.Conn
+	raw    syscall.RawConn // the TCP socket under c, for idleQuiet; nil if none
 	br     *bufio.Reader
 	bw     *bufio.Writer
 	addr   netip.Addr
@@ -101,26 +103,36 @@ func idleQuiet(c *upstreamConn) bool {
 	if c.br.Buffered() > 0 {
 		return false
 	}
-	tc, ok := c.c.(*tls.Conn)
-	if !ok {
+	if c.raw == nil {
 		return true
-	}
-	sc, ok := tc.NetConn().(syscall.Conn)
-	if !ok {
-		return true
-	}
-	rc, err := sc.SyscallConn()
-	if err != nil {
-		return false
 	}
 	quiet := false
-	rerr := rc.Read(func(fd uintptr) bool {
+	rerr := c.raw.Read(func(fd uintptr) bool {
 		var b [1]byte
-		n, _, err := unix.Recvfrom(int(fd), b[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
-		quiet = n <= 0 && errors.Is(err, unix.EAGAIN)
+		// recvfrom(2) without a source address (unix.Recvfrom would
+		// allocate one); it never blocks, so no scheduler hand-off.
+		_, _, errno := unix.RawSyscall6(unix.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&b[0])), 1, unix.MSG_PEEK|unix.MSG_DONTWAIT, 0, 0)
+		quiet = errno == unix.EAGAIN
 		return true // never wait
 	})
 	return rerr == nil && quiet
+}
+
+// rawConn returns the socket under a TLS connection, for idleQuiet, or nil.
+func rawConn(c net.Conn) syscall.RawConn {
+	tc, ok := c.(*tls.Conn)
+	if !ok {
+		return nil
+	}
+	sc, ok := tc.NetConn().(syscall.Conn)
+	if !ok {
+		return nil
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return nil
+	}
+	return rc
 }
 
 // take removes and returns an idle connection to host whose address dec
@@ -200,7 +212,7 @@ func (u *upstreamPool) dial(ctx context.Context, host string, dec *netpolicy.Dec
 		raw.Close()
 		return nil, fmt.Errorf("TLS handshake with %s: %w", host, err)
 	}
-	return &upstreamConn{c: tc, br: bufio.NewReaderSize(tc, 16<<10), bw: bufio.NewWriterSize(tc, 16<<10), addr: dec.Addr, gen: gen}, nil
+	return &upstreamConn{c: tc, raw: rawConn(tc), br: bufio.NewReaderSize(tc, 16<<10), bw: bufio.NewWriterSize(tc, 16<<10), addr: dec.Addr, gen: gen}, nil
 }
 
 // roundTrip sends out on a pooled or new connection and reads the response

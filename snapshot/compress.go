@@ -60,7 +60,7 @@ func newCompressor(w io.Writer, c Compression, level int) (io.WriteCloser, error
 		if level == 0 {
 			level = 1
 		}
-		return newParallelZstd(w, level, runtime.GOMAXPROCS(0))
+		return newParallelZstd(w, level, runtime.GOMAXPROCS(0), nil)
 	case Gzip:
 		if level == 0 {
 			level = gzip.BestSpeed

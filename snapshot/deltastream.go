@@ -44,7 +44,7 @@ func PackStream(ctx context.Context, src io.Reader, w io.Writer, opts PackOption
 	if err != nil {
 		return nil, err
 	}
-	p := &packer{ctx: ctx, tw: lw.tw, tarHC: lw.tarHC, opts: opts, base: idx, seen: map[string]string{}, buf: make([]byte, 1<<20)}
+	p := &packer{ctx: ctx, tw: lw.tw, tarN: lw.tarN, opts: opts, base: idx, seen: map[string]string{}, buf: make([]byte, 1<<20)}
 	forced := map[string]bool{}  // directories newly opaque: everything below is written
 	written := map[string]bool{} // paths written in full, for hardlinks to them
 	err = eachEntry(ctx, in.tr, DefaultMaxBytes, func(h *tar.Header, r io.Reader) error {

@@ -75,3 +75,15 @@ func (c *cappedReader) Read(p []byte) (int, error) {
 
 // onlyWriter hides any ReadFrom method so io.CopyBuffer uses our buffer.
 type onlyWriter struct{ io.Writer }
+
+// countWriter counts what passes through it on its way to w.
+type countWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *countWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	return n, err
+}

@@ -66,7 +66,7 @@ func Pack(ctx context.Context, dir string, w io.Writer, opts PackOptions) (*Mani
 		ctx:    ctx,
 		root:   dir,
 		tw:     lw.tw,
-		tarHC:  lw.tarHC,
+		tarN:   lw.tarN,
 		opts:   opts,
 		base:   base,
 		seen:   map[string]string{},
@@ -106,7 +106,7 @@ type packer struct {
 	ctx     context.Context
 	root    string
 	tw      *tar.Writer
-	tarHC   *hashCounter
+	tarN    *countWriter // tar bytes written so far
 	opts    PackOptions
 	base    map[string]FileInfo // delta base index, nil for a full layer
 	seen    map[string]string   // delta only: paths present now, with their type
@@ -298,7 +298,7 @@ func (p *packer) emit(hdr *tar.Header, fi FileInfo, content io.Reader, force boo
 	}
 	p.addIndex(fi)
 	if p.opts.Progress != nil {
-		p.opts.Progress(p.tarHC.n)
+		p.opts.Progress(p.tarN.n)
 	}
 	return nil
 }

@@ -2,6 +2,7 @@ package snapshot
 
 import (
 	"errors"
+	"hash"
 	"io"
 	"sync"
 
@@ -19,6 +20,7 @@ const frameSize = 4 << 20
 // caller; this keeps every core busy. Close stops all its goroutines.
 type parallelZstd struct {
 	w       io.Writer
+	raw     hash.Hash // when set, fed the input in order by the sequencer
 	buf     []byte
 	sent    bool
 	jobs    chan zjob
@@ -42,10 +44,14 @@ type zresult struct {
 	src []byte
 }
 
-func newParallelZstd(w io.Writer, level, workers int) (*parallelZstd, error) {
+// newParallelZstd returns the compressor; raw, when not nil, is fed
+// everything written, in order, by the sequencer goroutine (so that hashing
+// the input costs its writer nothing).
+func newParallelZstd(w io.Writer, level, workers int, raw hash.Hash) (*parallelZstd, error) {
 	workers = max(workers, 1)
 	z := &parallelZstd{
 		w:       w,
+		raw:     raw,
 		jobs:    make(chan zjob),
 		order:   make(chan chan zresult, 2*workers),
 		free:    make(chan []byte, 2*workers+1),
@@ -117,6 +123,9 @@ func (z *parallelZstd) sequence() {
 	defer close(z.seqDone)
 	for res := range z.order {
 		r := <-res
+		if z.raw != nil {
+			z.raw.Write(r.src)
+		}
 		z.putBuf(r.src)
 		if z.failed() != nil {
 			continue

@@ -13,14 +13,17 @@
 // goes are the outbound request headers built by [RuleSet.Apply] and the
 // comparisons made by the scrubbers.
 //
-// The usual flow in the proxy:
+// The proxy drives all of it through a [Chain], which holds the one order
+// that keeps secrets safe (user modules, then the swap; on the way back the
+// scrub, then the modules' response pass):
 //
-//	rules, err := transforms.LoadRulesFile(path, os.LookupEnv)
-//	set := transforms.NewRuleSet(rules...)
-//	...
-//	applied := set.Apply(out)          // out is the outbound *http.Request
-//	resp, err := transport.RoundTrip(out)
-//	if err := applied.ScrubResponse(resp); err != nil { /* close body, answer 502 */ }
+//	chain := transforms.Chain{Modules: modules, Rules: set} // modules: a wasm.Chain
+//	x, err := chain.Request(ctx, out, info)  // out is the outbound *http.Request
+//	defer x.Close()
+//	if a := x.Answer(); a != nil { /* a module answered: send that */ }
+//	resp, err := send(out)
+//	if err := x.Response(ctx, resp); err != nil { /* close body, answer 502 */ }
+//	audit := x.Audit()                       // after Close: rules, module, notes
 //
 // See README.md for the rule format and the scrubbing semantics.
 package transforms

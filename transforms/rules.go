@@ -614,7 +614,7 @@ func (p *parser) headerValue(c ruleCtx, field string, raw json.RawMessage) (head
 	if other := p.byPlaceholder[placeholder]; other != nil && other.value != value {
 		return headerSet{}, c.errf(field+".placeholder", "secrets %s and %s have the same placeholder but different values; give each its own placeholder", other.name, name)
 	}
-	s := &Secret{name: name, placeholder: placeholder, value: value}
+	s := newSecret(name, value, placeholder)
 	p.secrets[key] = s
 	p.byPlaceholder[placeholder] = s
 	h.secret = s

@@ -29,8 +29,16 @@ type scrubber struct {
 	first  [256]bool // first bytes of the finds
 }
 
-// newScrubber returns nil when there is nothing to scrub.
+// newScrubber returns nil when there is nothing to scrub. A scrubber is
+// immutable: one secret's is built once and shared.
 func newScrubber(secrets []*Secret) *scrubber {
+	if len(secrets) == 1 && secrets[0] != nil && secrets[0].scrub != nil {
+		return secrets[0].scrub
+	}
+	return buildScrubber(secrets)
+}
+
+func buildScrubber(secrets []*Secret) *scrubber {
 	m := &scrubber{}
 	for _, s := range secrets {
 		if s == nil || s.value == "" {
@@ -275,6 +283,9 @@ func (r *scrubReader) Read(p []byte) (int, error) {
 // placeholder. The proxy passes every message that may quote upstream bytes
 // (a parser error, say) through it before it reaches a sandbox or a log.
 func ScrubString(s string, secrets []*Secret) string {
+	if s == "" || len(secrets) == 0 {
+		return s
+	}
 	return newScrubber(secrets).scrubString(s)
 }
 

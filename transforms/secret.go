@@ -34,6 +34,17 @@ type Secret struct {
 	name        string // label, e.g. the environment variable; not secret
 	placeholder string
 	value       string
+	// scrub scrubs this secret alone, built once (newSecret): most
+	// requests swap in one secret, and their responses then need no
+	// scrubber of their own.
+	scrub *scrubber
+}
+
+// newSecret builds a valid secret with its scrubber.
+func newSecret(name, value, placeholder string) *Secret {
+	s := &Secret{name: name, placeholder: placeholder, value: value}
+	s.scrub = buildScrubber([]*Secret{s})
+	return s
 }
 
 // NewSecret returns a secret with the given label (for audit and errors; not
@@ -48,7 +59,7 @@ func NewSecret(name, value, placeholder string) (*Secret, error) {
 	if err := checkSecret(name, value, placeholder); err != nil {
 		return nil, err
 	}
-	return &Secret{name: name, placeholder: placeholder, value: value}, nil
+	return newSecret(name, value, placeholder), nil
 }
 
 // checkSecret validates a secret; its messages name the secret by label only.

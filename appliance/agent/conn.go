@@ -5,6 +5,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -113,12 +114,48 @@ type spliceCopier struct {
 }
 
 func (s *spliceCopier) run(errs chan<- error) {
-	buf := make([]byte, 32<<10)
-	_, err := io.CopyBuffer(s.dst, s.src, buf)
+	err := copyBulk(s.dst, s.src)
 	if err == nil {
 		s.dst.CloseWrite()
 	}
 	errs <- err
+}
+
+// Copy buffers: every direction starts with a small one; a direction whose
+// read fills it is moving bulk data and goes on with a large one, so that a
+// download over the link costs a write to its socket per yamux frame
+// (up to 256 KiB), not eight.
+var (
+	smallCopyBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+	largeCopyBufs = sync.Pool{New: func() any { b := make([]byte, 256<<10); return &b }}
+)
+
+// copyBulk copies src to dst until src's EOF (nil) or an error.
+func copyBulk(dst io.Writer, src io.Reader) error {
+	pool := &smallCopyBufs
+	bp := pool.Get().(*[]byte)
+	defer func() { pool.Put(bp) }()
+	buf := *bp
+	for {
+		nr, rerr := src.Read(buf)
+		if nr == len(buf) && pool == &smallCopyBufs {
+			lp := largeCopyBufs.Get().(*[]byte)
+			copy(*lp, buf[:nr])
+			smallCopyBufs.Put(bp)
+			pool, bp, buf = &largeCopyBufs, lp, *lp
+		}
+		if nr > 0 {
+			if _, werr := dst.Write(buf[:nr]); werr != nil {
+				return werr
+			}
+		}
+		if rerr == io.EOF {
+			return nil
+		}
+		if rerr != nil {
+			return rerr
+		}
+	}
 }
 
 // splice copies a↔b until both directions have ended, then closes both.

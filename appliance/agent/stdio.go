@@ -56,7 +56,12 @@ func StdioLink(r io.Reader, w io.Writer) (io.ReadWriteCloser, error) {
 		unix.Close(fd)
 		return nil, err
 	}
-	return stdio{r, os.NewFile(uintptr(fd), "agent-link")}, nil
+	out := os.NewFile(uintptr(fd), "agent-link")
+	GrowPipe(out)
+	if rok {
+		GrowPipe(rf)
+	}
+	return stdio{r, out}, nil
 }
 
 // sameUnixStream reports whether descriptors a and b are one AF_UNIX

@@ -5,7 +5,10 @@
 //     against the same download direct);
 //   - base-URL route request rate (keep-alive, concurrent) against direct
 //     HTTPS requests;
-//   - added latency per routed request, p50 and p99, one request at a time.
+//   - added latency per routed request, p50 and p99, one request at a time;
+//   - beside both, the floor: a process that forwards bytes and nothing
+//     else (floor.go), what a second hop costs on this machine whatever the
+//     proxy does.
 //
 // Everything runs on loopback: a DNS server, the upstream on 127.x.y.z:443
 // (binding 443 needs root), and the proxy built from this checkout. Run it
@@ -19,6 +22,7 @@ import (
 	"io"
 	"log"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -33,6 +37,9 @@ func main() {
 	log.SetFlags(0)
 	if child, err := benchkit.UpstreamChild(); child {
 		log.Fatal("upstream: ", err)
+	}
+	if child, err := floorChild(); child {
+		log.Fatal("floor: ", err)
 	}
 	bin := flag.String("sandgate", "", "path to the sandgate binary (built from this checkout when empty)")
 	bulk := flag.Int64("bulk", 1<<30, "bytes per tunnel throughput download")
@@ -69,6 +76,12 @@ func run(bin string, bulk int64, dur time.Duration, conc, latN int) error {
 
 	direct := benchkit.Target{Name: "direct", Client: env.DirectClient(), URL: benchkit.DirectURL + "/small"}
 	route := benchkit.Target{Name: "route", Client: benchkit.RouteClient(), URL: p.RouteURL() + "/small"}
+	floorAddr, stopFloor, floorPid, err := startFloor(netip.AddrPortFrom(env.Upstream, 443).String(), benchkit.Host, env.CAFile)
+	if err != nil {
+		return err
+	}
+	defer stopFloor()
+	floor := benchkit.Target{Name: "floor", Client: benchkit.RouteClient(), URL: "http://" + floorAddr + "/small"}
 	pu, _ := url.Parse("http://" + p.Addr)
 	tunnel := &http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(pu), TLSClientConfig: env.TLSConfig(), DisableCompression: true}}
 
@@ -80,6 +93,9 @@ func run(bin string, bulk int64, dur time.Duration, conc, latN int) error {
 			return err
 		}
 		if err := route.Get(context.Background()); err != nil {
+			return err
+		}
+		if err := floor.Get(context.Background()); err != nil {
 			return err
 		}
 	}
@@ -113,21 +129,35 @@ func run(bin string, bulk int64, dur time.Duration, conc, latN int) error {
 	if err != nil {
 		return err
 	}
+	rcpu0 := benchkit.ProcCPU(p.Cmd.Process.Pid)
 	rR, _, err := benchkit.Rate(route, conc, dur)
 	if err != nil {
 		return err
 	}
-	fmt.Printf("route request rate (c=%d)   direct %8.0f req/s  route %8.0f req/s  ratio %.2f\n", conc, dR, rR, rR/dR)
-
-	// 3. Latency, one request at a time, interleaved so that noise hits both.
-	ls, err := benchkit.Latencies([]benchkit.Target{direct, route}, latN)
+	rcpu := benchkit.ProcCPU(p.Cmd.Process.Pid) - rcpu0
+	fcpu0 := benchkit.ProcCPU(floorPid)
+	fR, _, err := benchkit.Rate(floor, conc, dur)
 	if err != nil {
 		return err
 	}
-	dl, rl := ls[0], ls[1]
+	fcpu := benchkit.ProcCPU(floorPid) - fcpu0
+	fmt.Printf("route request rate (c=%d)   direct %8.0f req/s  route %8.0f req/s  ratio %.2f   (floor %.0f req/s, ratio %.2f)\n", conc, dR, rR, rR/dR, fR, fR/dR)
+	// What a routed request costs the proxy process itself (user and
+	// system CPU, kernel TCP work on its sockets included), against the
+	// whole machine's CPU per direct request (client and upstream).
+	fmt.Printf("  proxy CPU per routed request %6.1f µs   (floor %.1f µs; direct: %.1f µs of the %d cores' time per request)\n",
+		rcpu.Seconds()/(rR*dur.Seconds())*1e6, fcpu.Seconds()/(fR*dur.Seconds())*1e6, float64(runtime.NumCPU())/dR*1e6, runtime.NumCPU())
+
+	// 3. Latency, one request at a time, interleaved so that noise hits both.
+	ls, err := benchkit.Latencies([]benchkit.Target{direct, route, floor}, latN)
+	if err != nil {
+		return err
+	}
+	dl, rl, fl := ls[0], ls[1], ls[2]
 	us, pct := benchkit.US, benchkit.Pct
-	fmt.Printf("latency p50                direct %8.1f µs    route %8.1f µs    added %6.1f µs  (target < 100)\n", us(pct(dl, 50)), us(pct(rl, 50)), us(pct(rl, 50)-pct(dl, 50)))
-	fmt.Printf("latency p99                direct %8.1f µs    route %8.1f µs    added %6.1f µs\n", us(pct(dl, 99)), us(pct(rl, 99)), us(pct(rl, 99)-pct(dl, 99)))
+	fmt.Printf("latency p50                direct %8.1f µs    route %8.1f µs    added %6.1f µs  (target < 50; floor adds %.1f µs)\n", us(pct(dl, 50)), us(pct(rl, 50)), us(pct(rl, 50)-pct(dl, 50)), us(pct(fl, 50)-pct(dl, 50)))
+	fmt.Printf("latency p99                direct %8.1f µs    route %8.1f µs    added %6.1f µs  (floor adds %.1f µs)\n", us(pct(dl, 99)), us(pct(rl, 99)), us(pct(rl, 99)-pct(dl, 99)), us(pct(fl, 99)-pct(dl, 99)))
+	fmt.Println("  floor: a process that only forwards the bytes of each request and answer over a kept-alive TLS connection (bench/proxy/floor.go)")
 	return nil
 }
 

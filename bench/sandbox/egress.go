@@ -37,49 +37,62 @@ type download struct {
 const curlScript = `url=$1; shift; curl -sS -o /dev/null -w '%{size_download} %{time_total}\n' "$@" "$url" && times`
 
 // benchEgress measures curl's download rate through the relay from inside
-// a sandbox and, alternating, through the same relay.Proxy on a TCP
-// listener from the host.
+// a sandbox, on the two ways egress leaves one: passed as a socket (our
+// CLI's socketpair link) and as bytes over the agent's yamux link on pipes
+// (how Google's CLI carries it); and, alternating, through the same
+// relay.Proxy on a TCP listener from the host.
 func (r *rig) benchEgress(bulk int64, rounds int, profile string) error {
 	hostCurl, err := exec.LookPath("curl")
 	if err != nil {
 		return fmt.Errorf("the egress bench needs curl on the host (and so in the sandbox, whose image is /): %w", err)
 	}
-	_, _, sb, err := r.create(r.id("egress", 0))
-	if err != nil {
-		return err
-	}
-	defer func() {
-		dctx, cancel := ctx(60 * time.Second)
-		sb.Destroy(dctx)
-		cancel()
-	}()
 	pem, err := os.ReadFile(r.env.CAFile)
-	if err != nil {
-		return err
-	}
-	c, cancel := ctx(30 * time.Second)
-	_, err = sb.WriteFile(c, "/tmp/ca.pem", bytes.NewReader(pem), agent.WriteOptions{})
-	cancel()
-	if err != nil {
-		return fmt.Errorf("writing the CA into the sandbox: %w", err)
-	}
-	agentPid, err := r.agentPid(sb.ID())
 	if err != nil {
 		return err
 	}
 	upPid := upstreamPid()
 	bulkURL := func(n int64) string { return benchkit.DirectURL + "/bulk?n=" + strconv.FormatInt(n, 10) }
 
-	inSandbox := func(n int64) (download, error) {
-		url := bulkURL(n)
-		return r.measure(sb.ID(), n, agentPid, upPid, func(c context.Context) ([]byte, error) {
-			var out, errb bytes.Buffer
-			st, err := sb.Run(c, agent.Cmd{Args: []string{"/bin/sh", "-c", curlScript, "sh", url, "--cacert", "/tmp/ca.pem"}, Stdout: &out, Stderr: &errb})
-			if err == nil && !st.Success() {
-				err = fmt.Errorf("curl in the sandbox ended with %v: %s", st, strings.TrimSpace(errb.String()))
-			}
-			return out.Bytes(), err
+	// inSandbox starts a sandbox with l and returns its download function.
+	inSandbox := func(l *appliance.Launcher, kind string) (func(int64) (download, error), error) {
+		_, _, sb, err := r.createWith(l, r.id(kind, 0))
+		if err != nil {
+			return nil, err
+		}
+		r.closers = append(r.closers, func() {
+			dctx, cancel := ctx(60 * time.Second)
+			sb.Destroy(dctx)
+			cancel()
 		})
+		c, cancel := ctx(30 * time.Second)
+		_, err = sb.WriteFile(c, "/tmp/ca.pem", bytes.NewReader(pem), agent.WriteOptions{})
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("writing the CA into the sandbox: %w", err)
+		}
+		agentPid, err := r.agentPid(sb.ID())
+		if err != nil {
+			return nil, err
+		}
+		return func(n int64) (download, error) {
+			url := bulkURL(n)
+			return r.measure(sb.ID(), n, agentPid, upPid, func(c context.Context) ([]byte, error) {
+				var out, errb bytes.Buffer
+				st, err := sb.Run(c, agent.Cmd{Args: []string{"/bin/sh", "-c", curlScript, "sh", url, "--cacert", "/tmp/ca.pem"}, Stdout: &out, Stderr: &errb})
+				if err == nil && !st.Success() {
+					err = fmt.Errorf("curl in the sandbox ended with %v: %s", st, strings.TrimSpace(errb.String()))
+				}
+				return out.Bytes(), err
+			})
+		}, nil
+	}
+	passed, err := inSandbox(r.launcher, "egress")
+	if err != nil {
+		return err
+	}
+	piped, err := inSandbox(r.pipes, "egresspipe")
+	if err != nil {
+		return err
 	}
 	standalone := func(n int64) (download, error) {
 		url := bulkURL(n)
@@ -96,23 +109,29 @@ func (r *rig) benchEgress(bulk int64, rounds int, profile string) error {
 		})
 	}
 
-	// Warm up both paths with a small download (TLS, DNS cache, pages).
-	for _, f := range []func(int64) (download, error){inSandbox, standalone} {
-		if _, err := f(16 << 20); err != nil {
+	paths := []struct {
+		name string
+		get  func(int64) (download, error)
+		ds   []download
+	}{
+		{"standalone (host curl)", standalone, nil},
+		{"sandbox, socket passed", passed, nil},
+		{"sandbox, yamux on pipes", piped, nil},
+	}
+	// Warm up every path with a small download (TLS, DNS cache, pages).
+	for _, p := range paths {
+		if _, err := p.get(16 << 20); err != nil {
 			return err
 		}
 	}
-	var sbx, std []download
 	for range rounds {
-		d, err := standalone(bulk)
-		if err != nil {
-			return err
+		for i := range paths {
+			d, err := paths[i].get(bulk)
+			if err != nil {
+				return err
+			}
+			paths[i].ds = append(paths[i].ds, d)
 		}
-		std = append(std, d)
-		if d, err = inSandbox(bulk); err != nil {
-			return err
-		}
-		sbx = append(sbx, d)
 	}
 	mb := func(ds []download, pick func([]float64) float64) float64 {
 		var rs []float64
@@ -125,33 +144,36 @@ func (r *rig) benchEgress(bulk int64, rounds int, profile string) error {
 	best := func(v []float64) float64 { return slices.Max(v) }
 	worst := func(v []float64) float64 { return slices.Min(v) }
 	fmt.Printf("egress through the relay, %d MiB × %d rounds each, curl's rate in MB/s:\n", bulk>>20, rounds)
-	fmt.Printf("  %-22s median %7.0f   best %7.0f   worst %7.0f\n", "standalone (host curl)", mb(std, median), mb(std, best), mb(std, worst))
-	fmt.Printf("  %-22s median %7.0f   best %7.0f   worst %7.0f\n", "sandbox (curl inside)", mb(sbx, median), mb(sbx, best), mb(sbx, worst))
-	fmt.Printf("  ratio sandbox/standalone   median %.2f   best %.2f   (target >= 0.80)\n", mb(sbx, median)/mb(std, median), mb(sbx, best)/mb(std, best))
+	for _, p := range paths {
+		fmt.Printf("  %-24s median %7.0f   best %7.0f   worst %7.0f\n", p.name, mb(p.ds, median), mb(p.ds, best), mb(p.ds, worst))
+	}
+	std := paths[0].ds
+	for _, p := range paths[1:] {
+		fmt.Printf("  ratio %-24s ÷ standalone   median %.2f   best %.2f   worst %.2f\n", p.name, mb(p.ds, median)/mb(std, median), mb(p.ds, best)/mb(std, best), mb(p.ds, worst)/mb(std, worst))
+	}
 	fmt.Printf("  CPU s per GiB carried      %8s %8s %8s %8s %8s\n", "curl", "proxy*", "agent", "upstream", "total")
-	var totals [2]float64
-	for i, k := range []struct {
-		name string
-		ds   []download
-	}{{"standalone", std}, {"sandbox", sbx}} {
+	totals := make([]float64, len(paths))
+	for i, p := range paths {
 		var cu, be, ag, up time.Duration
-		for _, d := range k.ds {
+		for _, d := range p.ds {
 			cu, be, ag, up = cu+d.curl, be+d.bench, ag+d.agent, up+d.upstream
 		}
-		gib := float64(int64(len(k.ds))*bulk) / (1 << 30)
+		gib := float64(int64(len(p.ds))*bulk) / (1 << 30)
 		per := func(d time.Duration) string { return strconv.FormatFloat(d.Seconds()/gib, 'f', 2, 64) }
 		agent := per(ag)
-		if k.name == "standalone" {
+		if i == 0 {
 			agent = "-"
 		}
 		totals[i] = (cu + be + ag + up).Seconds() / gib
-		fmt.Printf("    %-22s %8s %8s %8s %8s %8.2f\n", k.name, per(cu), per(be), agent, per(up), totals[i])
+		fmt.Printf("    %-24s %8s %8s %8s %8s %8.2f\n", p.name, per(cu), per(be), agent, per(up), totals[i])
 	}
-	fmt.Println("    * proxy = this bench process: relay.Proxy, plus the agent link client for the sandbox")
+	fmt.Println("    * proxy = this bench process: relay.Proxy, plus the agent link client for the sandboxes")
 	// When the cores are the bottleneck (2 cores, shared), throughput goes
 	// as the inverse of the CPU a byte costs: this ratio is what the
 	// throughput ratio tends to, and it is less disturbed by other load.
-	fmt.Printf("  CPU-cost ratio standalone/sandbox %.2f   (what the throughput ratio tends to when CPU-bound)\n", totals[0]/totals[1])
+	for i, p := range paths[1:] {
+		fmt.Printf("  CPU-cost ratio standalone ÷ %-24s %.2f   (what the throughput ratio tends to when CPU-bound)\n", p.name, totals[0]/totals[i+1])
+	}
 
 	if profile != "" {
 		f, err := os.Create(profile)
@@ -162,7 +184,7 @@ func (r *rig) benchEgress(bulk int64, rounds int, profile string) error {
 			f.Close()
 			return err
 		}
-		_, err = inSandbox(bulk)
+		_, err = piped(bulk)
 		pprof.StopCPUProfile()
 		if cerr := f.Close(); err == nil {
 			err = cerr
@@ -170,7 +192,7 @@ func (r *rig) benchEgress(bulk int64, rounds int, profile string) error {
 		if err != nil {
 			return err
 		}
-		fmt.Printf("  CPU profile of one sandbox download written to %s (go tool pprof -top %s)\n", profile, profile)
+		fmt.Printf("  CPU profile of one download over the pipes written to %s (go tool pprof -top %s)\n", profile, profile)
 	}
 	return nil
 }

@@ -69,10 +69,15 @@ func (r *rig) benchCreate(n int) error {
 // create makes one sandbox with appliance.Create and runs /bin/true in it,
 // returning how long each took; the sandbox is left running.
 func (r *rig) create(id string) (time.Duration, time.Duration, *appliance.Sandbox, error) {
+	return r.createWith(r.launcher, id)
+}
+
+// createWith is create with launcher l.
+func (r *rig) createWith(l *appliance.Launcher, id string) (time.Duration, time.Duration, *appliance.Sandbox, error) {
 	cctx, cancel := ctx(60 * time.Second)
 	defer cancel()
 	t0 := time.Now()
-	sb, err := appliance.Create(cctx, r.launcher, r.proxy, id, appliance.Options{Policy: r.policy})
+	sb, err := appliance.Create(cctx, l, r.proxy, id, appliance.Options{Policy: r.policy})
 	if err != nil {
 		return 0, 0, nil, fmt.Errorf("creating sandbox %s: %w", id, err)
 	}

@@ -10,9 +10,11 @@
 //     `sandgate sandbox exec <id> -- /bin/true` through the CLI;
 //   - egress: curl inside the sandbox downloads a large body from a
 //     loopback HTTPS upstream through HTTPS_PROXY (the agent's relay
-//     listener → the yamux link → relay.Proxy in this process), against the
-//     same download by curl on the host through the same relay.Proxy on a
-//     TCP listener.
+//     listener → relay.Proxy in this process), against the same download by
+//     curl on the host through the same relay.Proxy on a TCP listener; from
+//     a sandbox whose agent passes the connection's socket (our CLI), and
+//     from one whose bytes cross the agent and the yamux link on pipes (the
+//     launcher driving a wrapper named "sandbox" as it drives Google's CLI).
 //
 // The upstream runs in a process of its own (bench/internal/benchkit), so
 // it shares neither this program's Go runtime nor its CPU accounting. Run
@@ -55,8 +57,8 @@ func main() {
 	flag.IntVar(&c.execs, "execs", 1000, "`exec true` round trips through Sandbox.Run")
 	flag.IntVar(&c.cliExecs, "cli-execs", 100, "`sandgate sandbox exec -- true` CLI calls")
 	flag.Int64Var(&c.bulk, "bulk", 512<<20, "bytes per egress download (256 MiB to 1 GiB is meaningful)")
-	flag.IntVar(&c.rounds, "rounds", 3, "egress downloads per path, alternating sandbox and standalone")
-	flag.StringVar(&c.cpuProfile, "cpuprofile", "", "write a pprof CPU profile of this process (relay.Proxy and the link client) during one extra sandbox download to `FILE`")
+	flag.IntVar(&c.rounds, "rounds", 3, "egress downloads per path, the paths taking turns")
+	flag.StringVar(&c.cpuProfile, "cpuprofile", "", "write a pprof CPU profile of this process (relay.Proxy and the link client) during one extra download over the pipes link to `FILE`")
 	flag.Parse()
 	if runtime.GOOS != "linux" {
 		log.Fatal("bench: sandboxes need Linux (namespaces, overlayfs)")
@@ -124,6 +126,9 @@ What the figures mean:
               through a CONNECT tunnel; sandbox = curl in the sandbox via HTTPS_PROXY → agent
               relay listener, which passes each accepted socket to this process (SCM_RIGHTS over
               the agent's socketpair link; agent CPU ≈ 0 shows it) → relay.Proxy here → upstream;
+              yamux on pipes = the same from a sandbox whose link is a pair of pipes (Google's CLI):
+              the agent copies each connection's bytes into a yamux stream, and this process's
+              link client hands the stream to relay.Proxy;
               standalone = curl on the host → the same relay.Proxy on a TCP listener → upstream.
               CPU per GiB: seconds of CPU each process spent per GiB carried (2 cores shared).
 `)

@@ -28,8 +28,13 @@ type rig struct {
 	rings    *audit.Rings
 	policy   netpolicy.Policy
 	launcher *appliance.Launcher
-	state    string
-	prefix   string // sandbox ids start with it: unique to this run
+	// pipes drives the same `sandgate sandbox` as Google's CLI is driven
+	// (through a wrapper named "sandbox"): the agent's link is then a pair
+	// of pipes, and egress crosses the agent and the yamux link as bytes,
+	// as it does on Cloud Run.
+	pipes  *appliance.Launcher
+	state  string
+	prefix string // sandbox ids start with it: unique to this run
 
 	standalone     string // the standalone proxy's TCP address
 	stopStandalone context.CancelFunc
@@ -92,6 +97,19 @@ func newRig(bin string) (_ *rig, err error) {
 
 	if r.launcher, err = appliance.NewLauncher(appliance.LauncherConfig{CLI: r.env.Bin, StateDir: r.state, AgentBinary: r.env.Bin}); err != nil {
 		return nil, err
+	}
+	wrapper := filepath.Join(r.env.Dir, "google", "sandbox")
+	if err := os.MkdirAll(filepath.Dir(wrapper), 0o700); err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(wrapper, []byte("#!/bin/sh\nexec '"+r.env.Bin+"' sandbox \"$@\"\n"), 0o700); err != nil {
+		return nil, err
+	}
+	if r.pipes, err = appliance.NewLauncher(appliance.LauncherConfig{CLI: wrapper, StateDir: r.state, AgentBinary: r.env.Bin}); err != nil {
+		return nil, err
+	}
+	if !r.pipes.Google() {
+		return nil, errors.New("the wrapper named sandbox was not driven as Google's CLI")
 	}
 	return r, nil
 }

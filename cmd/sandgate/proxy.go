@@ -182,7 +182,7 @@ func buildProxy(c *cli.Context, logger *slog.Logger, eg *egress, auditOut io.Wri
 	pp.reg = prometheus.NewRegistry()
 	pp.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics := audit.NewMetrics(pp.reg)
-	sinks := audit.Multi{audit.Logger{L: cloudlog.New(auditOut, slog.LevelInfo)}, metrics}
+	sinks := audit.Multi{audit.NewJSONLines(auditOut), metrics}
 	if rings != nil {
 		sinks = append(sinks, rings)
 	}
@@ -201,14 +201,15 @@ func buildProxy(c *cli.Context, logger *slog.Logger, eg *egress, auditOut io.Wri
 }
 
 // wasmHeadroom gives the process calls more Ps (GOMAXPROCS) than it has
-// cores. A module's code cannot be preempted by the Go scheduler, so a
-// module that loops holds its P until its deadline closes it; with as
-// many Ps as cores, a few looping requests hold every P and everything
-// else (other requests, the timers that end the loops) waits. The runtime
-// caps running calls at calls (MaxConcurrentCalls), so with that many
-// extra Ps looping modules never hold every P, and the kernel shares the
-// cores between their threads and the rest. An explicit GOMAXPROCS in the
-// environment is left alone.
+// cores. A module's code can be preempted by the Go scheduler only at the
+// yields its time checks make (transforms/wasm: bound.go), and the
+// scheduler asks for that only after a goroutine has run for 10ms: with as
+// many Ps as cores, a few looping requests would hold every P for such
+// slices until their deadlines, and everything else would wait in between.
+// The runtime caps running calls at calls (MaxConcurrentCalls), so with
+// that many extra Ps looping modules never hold every P, and the kernel
+// shares the cores between their threads and the rest. An explicit
+// GOMAXPROCS in the environment is left alone.
 func wasmHeadroom(calls int, logger *slog.Logger) {
 	base := runtime.GOMAXPROCS(0)
 	if v, ok := os.LookupEnv("GOMAXPROCS"); ok {
@@ -216,7 +217,7 @@ func wasmHeadroom(calls int, logger *slog.Logger) {
 		return
 	}
 	runtime.GOMAXPROCS(base + calls)
-	logger.Info("GOMAXPROCS raised so that transform module calls, which the Go scheduler cannot preempt, never hold every P",
+	logger.Info("GOMAXPROCS raised so that transform module calls, which the Go scheduler preempts only every 10ms, never hold every P",
 		"gomaxprocs", base+calls, "was", base, "max_concurrent_calls", calls)
 }
 

@@ -6,10 +6,14 @@ package audit
 
 import (
 	"context"
+	"io"
 	"log/slog"
+	"math"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 )
 
 // Kind says what carried the egress.
@@ -245,4 +249,209 @@ func (r *Rings) Forget(sandbox string) {
 	r.mu.Lock()
 	delete(r.by, sandbox)
 	r.mu.Unlock()
+}
+
+// JSONLines writes each event as one JSON line to a writer: the line
+// Logger writes through a cloudlog logger ("time", "severity", "message":
+// "egress", then the event's keys, the optional ones only when set), but
+// encoded straight into a reused buffer, without allocating. It is the
+// proxy's audit log: an event is written on the connection's goroutine after
+// each routed request, so what it costs is paid per request.
+//
+// Writes are group-committed: a Record that finds another one writing adds
+// its line to the next write and returns, and the writing one writes what
+// accumulated before it returns. Under load many lines go out in one
+// write; alone, each line is written before Record returns. Lines are never
+// interleaved or reordered. No goroutine is involved.
+type JSONLines struct {
+	mu      sync.Mutex
+	w       io.Writer
+	pending []byte // encoded lines not written yet
+	spare   []byte // the buffer being written, reused for pending
+	writing bool
+}
+
+// NewJSONLines returns a sink writing to w.
+func NewJSONLines(w io.Writer) *JSONLines { return &JSONLines{w: w} }
+
+// jsonLinesKeep bounds the buffers kept between writes.
+const jsonLinesKeep = 256 << 10
+
+// Record implements Sink. A write error is dropped, as a logger drops it.
+func (j *JSONLines) Record(e Event) {
+	if e.Time.IsZero() {
+		e.Time = time.Now()
+	}
+	j.mu.Lock()
+	j.pending = appendEvent(j.pending, &e)
+	if j.writing {
+		j.mu.Unlock()
+		return
+	}
+	j.writing = true
+	for len(j.pending) > 0 {
+		b := j.pending
+		j.pending = j.spare[:0]
+		j.mu.Unlock()
+		j.w.Write(b)
+		j.mu.Lock()
+		if cap(b) <= jsonLinesKeep {
+			j.spare = b[:0]
+		} else {
+			j.spare = nil
+		}
+	}
+	j.writing = false
+	j.mu.Unlock()
+}
+
+// appendEvent appends e's line to b.
+func appendEvent(b []byte, e *Event) []byte {
+	b = append(b, `{"time":"`...)
+	b = e.Time.AppendFormat(b, time.RFC3339Nano)
+	b = append(b, `","severity":"`...)
+	if e.Allow {
+		b = append(b, "INFO"...)
+	} else {
+		b = append(b, "WARNING"...)
+	}
+	b = append(b, `","message":"egress"`...)
+	b = appendStr(b, "sandbox", e.Sandbox)
+	b = appendStr(b, "kind", string(e.Kind))
+	b = appendStr(b, "decision", e.Decision())
+	b = appendStr(b, "code", e.Code)
+	b = appendStr(b, "reason", e.Reason)
+	b = appendStr(b, "host", e.Host)
+	b = appendInt(b, "port", int64(e.Port))
+	b = appendInt(b, "bytes_in", e.BytesIn)
+	b = appendInt(b, "bytes_out", e.BytesOut)
+	b = appendFloat(b, "duration_ms", float64(e.Duration)/1e6)
+	if e.Method != "" {
+		b = appendStr(b, "method", e.Method)
+	}
+	if e.Path != "" {
+		b = appendStr(b, "path", e.Path)
+	}
+	if e.Rule != "" {
+		b = appendStr(b, "rule", e.Rule)
+	}
+	if e.Addr != "" {
+		b = appendStr(b, "addr", e.Addr)
+	}
+	if e.Status != 0 {
+		b = appendInt(b, "status", int64(e.Status))
+	}
+	if e.DNSTime != 0 {
+		b = appendFloat(b, "dns_ms", float64(e.DNSTime)/1e6)
+	}
+	if len(e.Transforms) > 0 {
+		b = appendStrs(b, "transforms", e.Transforms)
+	}
+	if e.Module != "" {
+		b = appendStr(b, "module", e.Module)
+	}
+	if len(e.Notes) > 0 {
+		b = appendStrs(b, "notes", e.Notes)
+	}
+	if e.NotesDropped != 0 {
+		b = appendInt(b, "notes_dropped", int64(e.NotesDropped))
+	}
+	if e.Error != "" {
+		b = appendStr(b, "error", e.Error)
+	}
+	return append(b, "}\n"...)
+}
+
+func appendKey(b []byte, k string) []byte {
+	b = append(b, ',', '"')
+	b = append(b, k...)
+	return append(b, '"', ':')
+}
+
+func appendStr(b []byte, k, v string) []byte { return appendJSONString(appendKey(b, k), v) }
+
+func appendInt(b []byte, k string, v int64) []byte { return strconv.AppendInt(appendKey(b, k), v, 10) }
+
+func appendStrs(b []byte, k string, vs []string) []byte {
+	b = append(appendKey(b, k), '[')
+	for i, v := range vs {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = appendJSONString(b, v)
+	}
+	return append(b, ']')
+}
+
+// appendFloat formats f as encoding/json does (and so as slog's JSON
+// handler does).
+func appendFloat(b []byte, k string, f float64) []byte {
+	b = appendKey(b, k)
+	if math.IsInf(f, 0) || math.IsNaN(f) {
+		return append(b, `null`...)
+	}
+	format := byte('f')
+	if abs := math.Abs(f); abs != 0 && (abs < 1e-6 || abs >= 1e21) {
+		format = 'e'
+	}
+	b = strconv.AppendFloat(b, f, format, -1, 64)
+	if format == 'e' { // e-09 → e-9, as encoding/json writes it
+		if n := len(b); n >= 4 && b[n-4] == 'e' && b[n-3] == '-' && b[n-2] == '0' {
+			b[n-2] = b[n-1]
+			b = b[:n-1]
+		}
+	}
+	return b
+}
+
+// appendJSONString appends s as a JSON string, escaped as encoding/json
+// escapes it without HTML escaping: quotes, backslashes, control
+// characters, U+2028 and U+2029; invalid UTF-8 becomes U+FFFD.
+func appendJSONString(b []byte, s string) []byte {
+	const hex = "0123456789abcdef"
+	b = append(b, '"')
+	start := 0
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c < utf8.RuneSelf {
+			if c >= 0x20 && c != '"' && c != '\\' {
+				i++
+				continue
+			}
+			b = append(b, s[start:i]...)
+			switch c {
+			case '"', '\\':
+				b = append(b, '\\', c)
+			case '\n':
+				b = append(b, '\\', 'n')
+			case '\r':
+				b = append(b, '\\', 'r')
+			case '\t':
+				b = append(b, '\\', 't')
+			default:
+				b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
+			}
+			i++
+			start = i
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && size == 1 {
+			b = append(b, s[start:i]...)
+			b = append(b, `\ufffd`...)
+			i += size
+			start = i
+			continue
+		}
+		if r == '\u2028' || r == '\u2029' {
+			b = append(b, s[start:i]...)
+			b = append(b, '\\', 'u', '2', '0', '2', hex[r&0xf])
+			i += size
+			start = i
+			continue
+		}
+		i += size
+	}
+	b = append(b, s[start:]...)
+	return append(b, '"')
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -119,4 +120,94 @@ func TestFollow(t *testing.T) {
 		t.Errorf("after stop: %q", e.Path)
 	default:
 	}
+}
+
+// JSONLines writes the line Logger writes through cloudlog: the same keys
+// and values (the time aside), for every kind of field and awkward string.
+func TestJSONLinesMatchesLogger(t *testing.T) {
+	events := []Event{
+		{Sandbox: "sb1", Kind: Route, Host: "api.example.com", Port: 443, Method: "POST", Path: "/v1/messages", Allow: true,
+			Code: "allowed_host", Reason: "matched", Rule: "allowedHosts:api.example.com", Addr: "1.2.3.4:443", Status: 200,
+			BytesIn: 10, BytesOut: 20, Duration: 3*time.Millisecond + 7, DNSTime: time.Nanosecond,
+			Transforms: []string{"rule[0] api.example.com"}, Module: "m", Notes: []string{"m: a", "m: \"b\"\n"}, NotesDropped: 2},
+		{Sandbox: "sb\x01\"2\\", Kind: Refused, Code: "bad_request", Reason: "bad \xff byte \u2028 line \u2029 é <&>", Error: "tab\there\r"},
+		{Sandbox: "sb3", Kind: Connect, Duration: 1, Error: "x"},
+		{Sandbox: "sb4", Kind: Connect, Duration: 1 << 62},
+	}
+	for i, e := range events {
+		var want, got bytes.Buffer
+		Logger{L: cloudlog.New(&want, nil)}.Record(e)
+		e.Time = time.Now()
+		NewJSONLines(&got).Record(e)
+		var wm, gm map[string]any
+		if err := json.Unmarshal(want.Bytes(), &wm); err != nil {
+			t.Fatal(err)
+		}
+		if err := json.Unmarshal(got.Bytes(), &gm); err != nil {
+			t.Fatalf("event %d: %v in %s", i, err, got.Bytes())
+		}
+		if _, err := time.Parse(time.RFC3339Nano, gm["time"].(string)); err != nil {
+			t.Errorf("event %d: time %v: %v", i, gm["time"], err)
+		}
+		delete(wm, "time")
+		delete(gm, "time")
+		if fmt.Sprint(wm) != fmt.Sprint(gm) {
+			t.Errorf("event %d:\n got %s\nwant %s", i, got.Bytes(), want.Bytes())
+		}
+		if n := bytes.Count(got.Bytes(), []byte("\n")); n != 1 || !bytes.HasSuffix(got.Bytes(), []byte("\n")) {
+			t.Errorf("event %d: %d newlines, want one line", i, n)
+		}
+	}
+}
+
+// Concurrent records each get one whole line, whoever writes it.
+func TestJSONLinesConcurrent(t *testing.T) {
+	var buf lockedBuffer
+	j := NewJSONLines(&buf)
+	const n, workers = 200, 8
+	done := make(chan struct{})
+	for w := range workers {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			for i := range n {
+				j.Record(Event{Sandbox: fmt.Sprintf("w%d", w), Path: fmt.Sprint(i), Allow: true})
+			}
+		}()
+	}
+	for range workers {
+		<-done
+	}
+	lines := strings.Split(strings.TrimSuffix(buf.String(), "\n"), "\n")
+	if len(lines) != n*workers {
+		t.Fatalf("got %d lines, want %d", len(lines), n*workers)
+	}
+	next := map[string]int{}
+	for _, l := range lines {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(l), &m); err != nil {
+			t.Fatalf("line %q: %v", l, err)
+		}
+		w, p := m["sandbox"].(string), m["path"].(string)
+		if p != fmt.Sprint(next[w]) {
+			t.Fatalf("worker %s: path %s after %d: lines reordered", w, p, next[w])
+		}
+		next[w]++
+	}
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }

@@ -208,6 +208,10 @@ func (r *Runtime) instantiateHost(ctx context.Context) error {
 			{"audit_note", h.auditNote, []api.ValueType{i32, i32}, nil, []string{"ptr", "len"}},
 			{"refuse", h.refuse, []api.ValueType{i32, i32, i32}, nil, []string{"status", "reason_ptr", "reason_len"}},
 		},
+		// Called only by the checks bound adds to a guest's code.
+		boundModule: {
+			{boundYield, yield, nil, nil, nil},
+		},
 	} {
 		b := r.wr.NewHostModuleBuilder(mod)
 		for _, f := range funcs {

@@ -1,6 +1,12 @@
 package wasm
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/sandgate/sandgate/transforms"
+)
+
+var _ transforms.ModuleFailure = (*Error)(nil)
 
 // Error is a module's failure or refusal to load. The proxy answers a
 // failed request with Status (502 for a module that failed, 413 for a
@@ -28,6 +34,10 @@ func (e *Error) Error() string {
 
 // Unwrap returns the underlying error.
 func (e *Error) Unwrap() error { return e.Err }
+
+// ModuleName returns Module: a request's failure names its module in the
+// audit event (see [transforms.ModuleFailure]).
+func (e *Error) ModuleName() string { return e.Module }
 
 func loadError(name string, err error, format string, args ...any) *Error {
 	return &Error{Module: name, Reason: fmt.Sprintf("wasm module %s: ", name) + fmt.Sprintf(format, args...), Err: err}

@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+
+	"github.com/sandgate/sandgate/transforms"
 )
 
 // Chain is an ordered list of modules, applied in order to a request and
@@ -44,39 +46,32 @@ func (c *Chain) Close(ctx context.Context) error {
 }
 
 // RequestInfo is what the host knows of a request beyond the request
-// itself.
-type RequestInfo struct {
-	// Sandbox is the id of the sandbox that sent the request
-	// (sandgate.sandbox_id).
-	Sandbox string
-	// SourceAddr is the address the request came from
-	// (http_handler.get_source_addr).
-	SourceAddr string
-	// Proto is the protocol the sandbox spoke, e.g. "HTTP/1.1"
-	// (http_handler.get_protocol_version); empty means HTTP/1.1.
-	Proto string
-	// BeforeBodyRead, when set, is called once before the request body is
-	// first read, so the proxy can answer "Expect: 100-continue" first.
-	BeforeBodyRead func()
-}
+// itself; see [transforms.RequestInfo].
+type RequestInfo = transforms.RequestInfo
 
 // Answer is a response a module gave instead of letting the request go
-// upstream: a refusal (sandgate.refuse) or its own response
-// (handle_request returned next=0).
-type Answer struct {
-	// Module is the name of the module that answered.
-	Module string
-	// Refused is true for a refusal; Reason then says why.
-	Refused bool
-	Reason  string
-	// Status is the HTTP status: the refusal's, or what the module set
-	// (default 200).
-	Status int
-	// Header holds the response headers the module set.
-	Header http.Header
-	// Body is what the module wrote as the response body; nil when it wrote
-	// none (for a refusal the proxy then answers with its own error body).
-	Body []byte
+// upstream; see [transforms.Answer].
+type Answer = transforms.Answer
+
+// Chains implement the modules of a transformation chain.
+var _ transforms.Modules = (*Chain)(nil)
+
+// HandleRequest runs req through the chain's modules; see the function
+// [HandleRequest]. It makes *Chain a [transforms.Modules].
+func (c *Chain) HandleRequest(ctx context.Context, req *http.Request, info RequestInfo) (transforms.ModuleExchange, error) {
+	return HandleRequest(ctx, req, info, c)
+}
+
+// Join returns the chain of a's modules then b's (either may be nil); it
+// returns a or b itself when the other has no modules.
+func Join(a, b *Chain) *Chain {
+	switch {
+	case b.Len() == 0:
+		return a
+	case a.Len() == 0:
+		return b
+	}
+	return &Chain{mods: slices.Concat(a.mods, b.mods)}
 }
 
 // Exchange is one request's passage through the modules: it remembers

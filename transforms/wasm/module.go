@@ -35,6 +35,9 @@ type Module struct {
 	config []byte
 	cm     wazero.CompiledModule
 	key    [32]byte
+	// start says whether the guest has a start section (bound exported it
+	// as boundStartName; it runs first when an instance starts).
+	start bool
 	// hasRequest and hasResponse say which handlers the guest exports.
 	hasRequest, hasResponse bool
 	// features are what the first instance enabled while it started; every
@@ -87,11 +90,11 @@ func (r *Runtime) Load(ctx context.Context, name string, bin []byte, config []by
 	if name == "" {
 		name = "module"
 	}
-	cm, key, err := r.compile(ctx, bin)
+	ce, key, err := r.compile(ctx, bin)
 	if err != nil {
 		return nil, loadError(name, err, "does not compile")
 	}
-	m := &Module{rt: r, name: name, config: slices.Clone(config), cm: cm, key: key, slots: make(chan struct{}, r.cfg.PoolSize)}
+	m := &Module{rt: r, name: name, config: slices.Clone(config), cm: ce.cm, key: key, start: ce.start, slots: make(chan struct{}, r.cfg.PoolSize)}
 	if err := m.check(); err != nil {
 		r.uncompile(ctx, key)
 		return nil, err
@@ -112,6 +115,9 @@ func (r *Runtime) Load(ctx context.Context, name string, bin []byte, config []by
 func (m *Module) check() error {
 	for _, def := range m.cm.ImportedFunctions() {
 		mod, fn, _ := def.Import()
+		if mod == boundModule {
+			continue // added by bound
+		}
 		full := mod + "." + fn
 		m.imports = append(m.imports, full)
 		want, ok := m.rt.hostFuncs[full]
@@ -129,7 +135,9 @@ func (m *Module) check() error {
 	}
 	exports := m.cm.ExportedFunctions()
 	for n := range exports {
-		m.exports = append(m.exports, n)
+		if n != boundStartName { // added by bound
+			m.exports = append(m.exports, n)
+		}
 	}
 	slices.Sort(m.exports)
 	if def, ok := exports[exportHandleRequest]; ok {
@@ -200,43 +208,57 @@ func (m *Module) Close(ctx context.Context) error {
 	return nil
 }
 
+// startFunctions are the functions an instance runs when it starts, each
+// if the guest exports it, as wazero's WithStartFunctions would: the
+// guest's start section (exported by bound), then the WASI reactor's and
+// command's entry points.
+var startFunctions = []string{boundStartName, "_initialize", "_start"}
+
 // instantiate starts a new instance. The caller holds a slot.
+//
+// The start functions are not left to wazero: they run under the
+// watchdog's time limit (StartTimeout) like any call, which needs the
+// instance's stop global, so they are called once it is instantiated.
 func (m *Module) instantiate(ctx context.Context) (*instance, error) {
 	inst := &instance{}
 	cfg := wazero.NewModuleConfig().
 		WithName("").
 		WithArgs(m.name).
-		WithStartFunctions("_initialize", "_start").
+		WithStartFunctions().
 		WithSysNanotime().
 		WithRandSource(rand.Reader).
 		WithStdout(io.Discard).
 		WithStderr(&inst.stderr)
-	st := &callState{m: m, inst: inst, phase: phaseStart}
-	sctx, cancel := context.WithTimeout(ctx, m.rt.cfg.StartTimeout)
-	defer cancel()
-	mod, err := m.rt.wr.InstantiateModule(context.WithValue(sctx, stateKey{}, st), m.cm, cfg)
+	mod, err := m.rt.wr.InstantiateModule(ctx, m.cm, cfg)
 	if err != nil {
-		var ee *sys.ExitError
-		if errors.As(err, &ee) {
-			switch ee.ExitCode() {
-			case sys.ExitCodeDeadlineExceeded:
-				return nil, loadError(m.name, nil, "its start function ran past the %s start limit", m.rt.cfg.StartTimeout)
-			case sys.ExitCodeContextCanceled:
-				return nil, loadError(m.name, err, "start canceled")
-			}
-			return nil, loadError(m.name, nil, "its start function exited with code %d%s: it is a command module; build a reactor (Go: GOOS=wasip1 GOARCH=wasm go build -buildmode=c-shared)", ee.ExitCode(), inst.stderr.suffix())
-		}
-		return nil, m.startFailed(err, st, inst)
+		return nil, loadError(m.name, err, "cannot be instantiated%s", inst.stderr.suffix())
 	}
-	if mod.IsClosed() { // wazero does not report an exit with code 0 from a start function
-		return nil, loadError(m.name, nil, "its start function exited with code 0: it is a command module; build a reactor (Go: GOOS=wasip1 GOARCH=wasm go build -buildmode=c-shared)")
+	stop, ok := mod.ExportedGlobal(boundStopName).(api.MutableGlobal)
+	if !ok { // cannot happen: bound exports it
+		mod.Close(ctx)
+		return nil, loadError(m.name, nil, "has no %s global", boundStopName)
+	}
+	inst.mod = mod
+	inst.cc = newCallCtx(stop)
+	m.rt.wd.add(inst.cc)
+	st := &callState{m: m, inst: inst, phase: phaseStart}
+	for _, name := range startFunctions {
+		fn := mod.ExportedFunction(name)
+		if fn == nil {
+			continue
+		}
+		if err := m.startCall(ctx, inst, fn, st); err != nil {
+			m.closeInstance(inst)
+			return nil, err
+		}
+		if mod.IsClosed() { // proc_exit(0) ends a call without an error
+			m.closeInstance(inst)
+			return nil, loadError(m.name, nil, "its start function exited with code 0: it is a command module; build a reactor (Go: GOOS=wasip1 GOARCH=wasm go build -buildmode=c-shared)")
+		}
 	}
 	for _, msg := range st.startErrors {
 		m.rt.cfg.Logger.LogAttrs(context.Background(), slog.LevelError, msg, slog.String("module", m.name))
 	}
-	inst.mod = mod
-	inst.cc = newCallCtx()
-	m.rt.wd.add(inst.cc)
 	inst.handleRequest = mod.ExportedFunction(exportHandleRequest)
 	inst.handleResponse = mod.ExportedFunction(exportHandleResponse)
 	return inst, nil
@@ -268,6 +290,31 @@ func (m *Module) startFailed(err error, st *callState, inst *instance) *Error {
 		}
 	}
 	return loadError(m.name, nil, "its start function failed: %s", why)
+}
+
+// startCall runs one start function of inst under StartTimeout.
+func (m *Module) startCall(ctx context.Context, inst *instance, fn api.Function, st *callState) error {
+	var err error
+	if m.rt.wd.begin(inst.cc, ctx, st, m.rt.cfg.StartTimeout) {
+		err = fn.CallWithStack(inst.cc, inst.stack[:1])
+	}
+	if m.rt.wd.end(inst.cc) && err == nil {
+		err = sys.NewExitError(exitCode(inst.cc.Err()))
+	}
+	if err == nil {
+		return nil
+	}
+	var ee *sys.ExitError
+	if errors.As(err, &ee) {
+		switch ee.ExitCode() {
+		case sys.ExitCodeDeadlineExceeded:
+			return loadError(m.name, nil, "its start function ran past the %s start limit", m.rt.cfg.StartTimeout)
+		case sys.ExitCodeContextCanceled:
+			return loadError(m.name, err, "start canceled")
+		}
+		return loadError(m.name, nil, "its start function exited with code %d%s: it is a command module; build a reactor (Go: GOOS=wasip1 GOARCH=wasm go build -buildmode=c-shared)", ee.ExitCode(), inst.stderr.suffix())
+	}
+	return m.startFailed(err, st, inst)
 }
 
 // borrow takes an idle instance, or starts one, waiting (bounded by ctx and
@@ -346,9 +393,9 @@ func (m *Module) Idle() int {
 // (trap, exit, time limit, host trap) call marks it broken, and put then
 // closes it. The error is an *Error naming the module.
 //
-// No context, timer or goroutine is made here: the instance's callCtx is
-// reused and the runtime's watchdog enforces the deadline (see
-// watchdog.go); wazero itself starts one goroutine per call.
+// No context, timer or goroutine is made here, by us or by wazero: the
+// instance's callCtx is reused, and the runtime's watchdog enforces the
+// deadline through the checks bound added to the guest (watchdog.go).
 func (m *Module) call(ctx context.Context, inst *instance, fn api.Function, st *callState, what string, params ...uint64) (uint64, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, &Error{Module: m.name, Status: http.StatusBadGateway, Reason: fmt.Sprintf("wasm module %s: the request ended before %s", m.name, what), Err: context.Cause(ctx)}

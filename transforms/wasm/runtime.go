@@ -28,15 +28,17 @@ type Config struct {
 	// (a Go guest exits with "out of memory") and is replaced.
 	MemoryLimitPages uint32
 	// CallTimeout bounds each call into a guest (handle_request,
-	// handle_response); default 100ms. A guest still running then is closed
-	// (wazero's WithCloseOnContextDone) and its request fails. The
-	// runtime's watchdog enforces it within a tenth of it (at most 10ms
-	// late), without arming a timer per call.
+	// handle_response); default 100ms. A guest still running then is
+	// stopped at its next function or loop entry (the checks Load adds to
+	// its code) and its request fails. The runtime's watchdog enforces it
+	// within a tenth of it (at most 10ms late), without arming a timer or
+	// starting a goroutine per call.
 	CallTimeout time.Duration
 	// MaxConcurrentCalls caps the calls into guests running at once, all
 	// modules together; default 2×GOMAXPROCS, at least 4. A guest's code
-	// cannot be preempted by the Go scheduler, so each running call holds
-	// a P (a slot of GOMAXPROCS) until it returns or its deadline closes
+	// is preempted by the Go scheduler only at the yields of its checks,
+	// after it has run for 10ms, so each running call holds a P (a slot of
+	// GOMAXPROCS) for such slices until it returns or its deadline stops
 	// it: the cap bounds how many Ps guests that loop can hold. Give the
 	// process that many Ps more than it has cores (`sandgate proxy` does)
 	// and looping guests never hold every P. A call waits for a slot,
@@ -125,17 +127,22 @@ type Runtime struct {
 type compiledEntry struct {
 	cm   wazero.CompiledModule
 	refs int
+	// start says whether the guest had a start section, now the export
+	// boundStartName.
+	start bool
 }
 
 // NewRuntime creates the runtime: wazero's compiler with the compilation
-// cache, memory limit and close-on-context-done, and the host modules.
+// cache and memory limit, and the host modules.
 func NewRuntime(ctx context.Context, cfg Config) (*Runtime, error) {
 	cfg = cfg.withDefaults()
 	if cfg.MemoryLimitPages > maxMemoryLimitPages {
 		return nil, fmt.Errorf("wasm: MemoryLimitPages %d is over WebAssembly's %d (4 GiB); use a smaller limit", cfg.MemoryLimitPages, maxMemoryLimitPages)
 	}
+	// No WithCloseOnContextDone: calls are bounded by the checks bound
+	// adds to every guest (bound.go), which cost a call nothing until it
+	// must stop.
 	rc := wazero.NewRuntimeConfigCompiler().
-		WithCloseOnContextDone(true).
 		WithMemoryLimitPages(cfg.MemoryLimitPages)
 	var cache wazero.CompilationCache
 	if cfg.CacheDir != "off" {
@@ -199,9 +206,10 @@ func (r *Runtime) Close(ctx context.Context) error {
 	return err
 }
 
-// compile returns the compiled form of bin, shared by every module loaded
-// from the same bytes; release it with uncompile.
-func (r *Runtime) compile(ctx context.Context, bin []byte) (wazero.CompiledModule, [32]byte, error) {
+// compile returns the compiled form of bin, its time checks added (bound),
+// shared by every module loaded from the same bytes; release it with
+// uncompile.
+func (r *Runtime) compile(ctx context.Context, bin []byte) (*compiledEntry, [32]byte, error) {
 	key := sha256.Sum256(bin)
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -210,14 +218,26 @@ func (r *Runtime) compile(ctx context.Context, bin []byte) (wazero.CompiledModul
 	}
 	if e := r.compiled[key]; e != nil {
 		e.refs++
-		return e.cm, key, nil
+		return e, key, nil
 	}
-	cm, err := r.wr.CompileModule(ctx, bin)
+	b, err := bound(bin)
 	if err != nil {
 		return nil, key, err
 	}
-	r.compiled[key] = &compiledEntry{cm: cm, refs: 1}
-	return cm, key, nil
+	cm, err := r.wr.CompileModule(ctx, b.bin)
+	if err != nil {
+		// Say what is wrong in the guest's own terms (its function
+		// indices, not the rewritten ones).
+		if cm, oerr := r.wr.CompileModule(ctx, bin); oerr != nil {
+			return nil, key, oerr
+		} else {
+			cm.Close(ctx)
+		}
+		return nil, key, fmt.Errorf("compiles, but not once its time checks are added (a bug in sandgate): %w", err)
+	}
+	e := &compiledEntry{cm: cm, refs: 1, start: b.start}
+	r.compiled[key] = e
+	return e, key, nil
 }
 
 func (r *Runtime) uncompile(ctx context.Context, key [32]byte) {

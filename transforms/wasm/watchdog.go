@@ -2,35 +2,39 @@ package wasm
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/tetratelabs/wazero/api"
+	"github.com/tetratelabs/wazero/sys"
 )
 
 // Why a watchdog and not context.WithTimeout per call: see README.md,
 // "Cost". In short, a timer armed per call (two per request) wakes a
 // sleeping thread of an idle proxy (netpoll break) and costs more than the
-// call itself; the watchdog arms none. wazero's WithCloseOnContextDone
-// still starts one goroutine per call, unconditionally in v1.12.0 (see
-// callEngine.callWithStack), and that goroutine is what stops a guest:
-// when the watchdog closes an instance's callCtx.done, wazero's goroutine
-// closes the module without releasing its resources (those are released
-// by the calling goroutine, in FailIfClosed, once the guest has left its
-// code), the guest's next loop back-edge sees it closed, and the call
-// returns sys.ExitError with ExitCodeDeadlineExceeded or
-// ExitCodeContextCanceled, as Err says. The watchdog never calls
-// api.Module.Close on a running instance itself: that would release the
-// WASI file table under a guest still using it.
+// call itself; the watchdog arms none. Nor does wazero start anything per
+// call: the runtime does not use WithCloseOnContextDone, and a call is
+// bounded by the checks bound.go adds to the guest's code instead. When
+// the watchdog finds a call past its deadline (or its request ended), it
+// records why in the instance's callCtx and sets the instance's stop
+// global; the guest's next function or loop entry sees it and calls the
+// host's yield, which fails the call with sys.ExitError
+// (ExitCodeDeadlineExceeded or ExitCodeContextCanceled, as Err says). The
+// watchdog never closes a running instance: the calling goroutine does,
+// once the call has returned.
 
-// callCtx is the context every call into one instance runs with: its
-// Done channel is closed by the watchdog when the current call runs past
-// its deadline or its request ends, after which the instance is dead and
-// never reused. It has one per instance, so a call allocates no context.
-// Value delegates to the current request's context (the host functions
-// find their callState there).
+// callCtx is the context every call into one instance runs with. It has
+// one per instance, so a call allocates no context, and no Done channel:
+// wazero has nothing to watch. Value delegates to the current request's
+// context (the host functions find their callState there).
 type callCtx struct {
-	done chan struct{}
+	// stop is the instance's stop global (bound): set to 1 by the
+	// watchdog to stop the running call. It is written from the
+	// watchdog's goroutine and read only by the guest's compiled code.
+	stop api.MutableGlobal
 
 	// st and vals belong to the calling goroutine (set before the call,
 	// cleared after); the host functions read them during the call.
@@ -38,25 +42,25 @@ type callCtx struct {
 	vals context.Context
 
 	mu       sync.Mutex
-	err      error           // why done was closed; nil while open
+	err      error           // why the instance was stopped; nil while it may run
 	deadline int64           // monotonic nanoseconds (since the watchdog's epoch); 0 when no call runs
 	req      context.Context // the running call's request context
 }
 
 var _ context.Context = (*callCtx)(nil)
 
-func newCallCtx() *callCtx { return &callCtx{done: make(chan struct{})} }
+func newCallCtx(stop api.MutableGlobal) *callCtx { return &callCtx{stop: stop} }
 
-// Deadline returns no deadline: the watchdog enforces it, so that wazero
-// arms no timer of its own.
+// Deadline returns no deadline: the watchdog enforces it.
 func (c *callCtx) Deadline() (time.Time, bool) { return time.Time{}, false }
 
-// Done is closed when the instance must stop.
-func (c *callCtx) Done() <-chan struct{} { return c.done }
+// Done returns nil: nothing waits on a call's context; the watchdog stops
+// a call through its stop global.
+func (c *callCtx) Done() <-chan struct{} { return nil }
 
-// Err says why Done was closed: context.DeadlineExceeded (the call ran past
-// CallTimeout) or context.Canceled (its request ended). wazero turns it
-// into the matching sys exit code.
+// Err says why the instance was stopped: context.DeadlineExceeded (the
+// call ran past its time limit) or context.Canceled (its request ended);
+// nil while it may run.
 func (c *callCtx) Err() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -75,11 +79,32 @@ func (c *callCtx) Value(key any) any {
 	return nil
 }
 
-// stopLocked closes done with err; c.mu is held.
+// stopLocked stops the instance with err; c.mu is held.
 func (c *callCtx) stopLocked(err error) {
 	if c.err == nil {
 		c.err = err
-		close(c.done)
+		c.stop.Set(1)
+	}
+}
+
+// exitCode is the exit code a call stopped for err fails with.
+func exitCode(err error) uint32 {
+	if errors.Is(err, context.Canceled) {
+		return sys.ExitCodeContextCanceled
+	}
+	return sys.ExitCodeDeadlineExceeded
+}
+
+// yield is the host function the guest's checks call (bound.go): every
+// yieldEvery function and loop entries, and at once when the watchdog set
+// the stop global. It fails a stopped call; otherwise it just returns, and
+// the return through Go is where the scheduler can preempt a guest that
+// has held its thread for long.
+func yield(ctx context.Context, _ api.Module, _ []uint64) {
+	if c, ok := ctx.(*callCtx); ok {
+		if err := c.Err(); err != nil {
+			panic(sys.NewExitError(exitCode(err)))
+		}
 	}
 }
 
