@@ -175,6 +175,8 @@ func bound(bin []byte) (bounded, error) {
 			body, err = b.elements(body)
 		case secCode:
 			body, err = b.code(body)
+		case secFunction:
+			err = b.functions(body)
 		case secCustom:
 			var keep bool
 			body, keep, err = b.custom(body)
@@ -195,10 +197,28 @@ func bound(bin []byte) (bounded, error) {
 // binder carries what the rewrite of one module needs across sections.
 type binder struct {
 	yieldType   uint32 // index of the type () -> ()
+	nTypes      uint32 // the guest's own type count
 	importFuncs uint32 // functions imported by the guest: the yield's index
 	stop, tick  uint32 // global indices
 	hasStart    bool
 	startFunc   uint32 // the start section's function, old index
+}
+
+// functions checks the function section's type indices (see instrs: the
+// yield's type may be new, and no guest function may take it unless the
+// guest declared it).
+func (b *binder) functions(body []byte) error {
+	r := &wreader{b: body}
+	n := r.u32()
+	for k := uint32(0); k < n && r.err == nil; k++ {
+		if t := r.u32(); r.err == nil && t >= b.nTypes {
+			return boundErrorf("function %d has type %d: the module has %d types", k, t, b.nTypes)
+		}
+	}
+	if r.err != nil || !r.done() {
+		return r.fail("function section")
+	}
+	return nil
 }
 
 // fn renumbers a function index for the inserted import.
@@ -229,6 +249,7 @@ func (b *binder) types(body []byte) ([]byte, error) {
 	if r.err != nil || !r.done() {
 		return nil, r.fail("type section")
 	}
+	b.nTypes = n
 	if found {
 		return body, nil
 	}
@@ -253,7 +274,9 @@ func (b *binder) imports(body []byte) ([]byte, error) {
 		}
 		switch kind := r.byte1(); kind {
 		case 0: // function
-			r.u32()
+			if t := r.u32(); r.err == nil && t >= b.nTypes { // see functions
+				return nil, boundErrorf("import %d has type %d: the module has %d types", k, t, b.nTypes)
+			}
 			b.importFuncs++
 		case 1: // table
 			r.byte1()
@@ -321,8 +344,13 @@ func (b *binder) exports(body []byte) ([]byte, error) {
 		}
 		kind := r.byte1()
 		idx := r.u32()
-		if kind == 0 {
+		switch kind {
+		case 0:
 			idx = b.fn(idx)
+		case 3:
+			if idx >= b.stop { // see instrs
+				return nil, boundErrorf("exports global %d: the module has %d globals", idx, b.stop)
+			}
 		}
 		out = appendName(out, name)
 		out = append(out, kind)
@@ -461,7 +489,9 @@ func (b *binder) instrs(out []byte, r *wreader, expr bool) ([]byte, error) {
 			if expr {
 				return nil, boundErrorf("block in a constant expression")
 			}
-			r.blockType()
+			if t, ok := r.blockType(); ok && t >= uint64(b.nTypes) {
+				return nil, boundErrorf("block type %d at byte %d: the module has %d types", t, at, b.nTypes)
+			}
 			out = append(out, r.b[at:r.pos]...)
 			depth++
 			if op == 0x03 {
@@ -471,6 +501,26 @@ func (b *binder) instrs(out []byte, r *wreader, expr bool) ([]byte, error) {
 		case op == 0x10 || op == 0x12 || op == 0xd2: // call, return_call, ref.func
 			out = append(out, op)
 			out = appendU32(out, b.fn(r.u32()))
+			continue
+		case op == 0x11 || op == 0x13: // call_indirect, return_call_indirect
+			if t := r.u32(); r.err == nil && t >= b.nTypes { // see global.get below
+				return nil, boundErrorf("call type %d at byte %d: the module has %d types", t, at, b.nTypes)
+			}
+			r.u32()
+			out = append(out, r.b[at:r.pos]...)
+			continue
+		case op == 0x23 || op == 0x24: // global.get, global.set
+			// The checks' globals take the indices just past the
+			// guest's: an index there is invalid in the guest's module
+			// but would be valid, and reach $stop or $tick, in the
+			// rewritten one. b.stop is the guest's own count here
+			// (the imported ones while its initialisers are read).
+			if g := r.u32(); r.err == nil && g >= b.stop {
+				return nil, boundErrorf("global %d at byte %d: the module has %d globals", g, at, b.stop)
+			} else {
+				out = append(out, op)
+				out = appendU32(out, g)
+			}
 			continue
 		}
 		if err := r.skipImmediates(op); err != nil {
@@ -613,16 +663,16 @@ func (r *wreader) limits() {
 }
 
 // blockType skips a block type: empty (0x40), a value type, or a type
-// index (a signed LEB128 of up to 33 bits).
-func (r *wreader) blockType() {
+// index (a signed LEB128 of up to 33 bits), which it returns.
+func (r *wreader) blockType() (index uint64, isIndex bool) {
 	if r.pos < len(r.b) {
 		switch r.b[r.pos] {
 		case 0x40, 0x7f, 0x7e, 0x7d, 0x7c, 0x7b, 0x70, 0x6f:
 			r.pos++
-			return
+			return 0, false
 		}
 	}
-	r.leb(5)
+	return r.leb(5), r.err == nil
 }
 
 func (r *wreader) memarg() {
@@ -647,9 +697,6 @@ func (r *wreader) skipImmediates(op byte) error {
 		for i := uint32(0); i <= n && r.err == nil; i++ {
 			r.u32()
 		}
-	case op == 0x11 || op == 0x13: // call_indirect, return_call_indirect
-		r.u32()
-		r.u32()
 	case op == 0x1c: // select t*
 		r.take(int(r.u32()))
 	case op >= 0x20 && op <= 0x26: // local.*, global.*, table.get/set

@@ -165,7 +165,7 @@ func TestBoundGuestRunsAcrossYields(t *testing.T) {
 }
 
 // FuzzBound: bound never panics on any input, and whatever it accepts
-// still compiles rewritten when wazero compiles it as it was. (Inputs bound
+// still compiles rewritten exactly when wazero compiles it as it was. (Inputs bound
 // refuses are not given to wazero, whose decoder sizes tables from the
 // counts it reads: Load never gives it those either.)
 func FuzzBound(f *testing.F) {
@@ -185,14 +185,49 @@ func FuzzBound(f *testing.F) {
 			return
 		}
 		cm, err := rt.CompileModule(context.Background(), bin)
+		bcm, berr := rt.CompileModule(context.Background(), b.bin)
+		if berr == nil {
+			bcm.Close(context.Background())
+		}
 		if err != nil {
+			// An invalid guest stays invalid: one the rewrite made valid
+			// could reach the checks' globals (TestGuestCannotReachTheChecksGlobals).
+			if berr == nil {
+				t.Fatalf("invalid (%v), but compiles once bound", err)
+			}
 			return
 		}
 		cm.Close(context.Background())
-		bcm, err := rt.CompileModule(context.Background(), b.bin)
-		if err != nil {
-			t.Fatalf("compiles, but not once bound: %v", err)
+		if berr != nil {
+			t.Fatalf("compiles, but not once bound: %v", berr)
 		}
-		bcm.Close(context.Background())
 	})
+}
+
+// The checks' own globals and the yield's type take indices just past the
+// guest's. A guest that names those indices is invalid as written, but
+// would be valid once rewritten: a loop that clears $stop and $tick on
+// every turn would never be stopped. Such guests are refused at load.
+func TestGuestCannotReachTheChecksGlobals(t *testing.T) {
+	r := newRuntime(t, Config{CallTimeout: 50 * time.Millisecond})
+	clear := []byte{0x41, 0x00, 0x24, 0x00, 0x41, 0x00, 0x24, 0x01} // i32.const 0 global.set 0, i32.const 0 global.set 1
+	for name, body := range map[string][]byte{
+		"global.set of $stop and $tick": cat([]byte{0x03, 0x40}, clear, []byte{0x0c, 0x00, 0x0b}, opI64Const1),
+		"global.get past the guest's":   cat([]byte{0x23, 0x00, 0x1a}, opI64Const1),
+		"block of the yield's type":     cat([]byte{0x02, 0x02, 0x0b}, opI64Const1),
+		"call_indirect of its type":     cat([]byte{0x41, 0x00, 0x11, 0x02, 0x00}, opI64Const1),
+	} {
+		b := handler(body...).bytes()
+		if _, err := bound(b); err == nil {
+			t.Errorf("%s: bound accepted it", name)
+		}
+		if _, err := r.Load(context.Background(), "escape", b, nil); err == nil {
+			t.Errorf("%s: loaded", name)
+		}
+	}
+	exp := handler(opI64Const1...)
+	exp.exports = append(exp.exports, [3]any{"g", 3, 0})
+	if _, err := bound(exp.bytes()); err == nil {
+		t.Error("an export of global 0 of a module without globals: bound accepted it")
+	}
 }
