@@ -781,11 +781,22 @@ func (c *Client) TarOut(ctx context.Context, dir string, w io.Writer) error {
 
 // DialPort connects to 127.0.0.1:port inside the sandbox. The conn has
 // TCP's half-close (CloseWrite); ctx bounds the dial only. Nothing
-// listening matches ErrUnreachable.
+// listening matches ErrUnreachable. When the agent passes sockets
+// (Info.FDPass), the conn is the socket the agent connected, passed over
+// the link: its bytes never cross the agent or yamux.
 func (c *Client) DialPort(ctx context.Context, port int) (net.Conn, error) {
-	o, _, err := c.open(ctx, request{Op: "dial", Port: port})
+	o, resp, err := c.open(ctx, request{Op: "dial", Port: port})
 	if err != nil {
 		return nil, err
+	}
+	if resp.FD != 0 {
+		o.close()
+		conn, err := c.claimEgress(resp.FD)
+		if err != nil {
+			return nil, fmt.Errorf("agent dial: the socket the agent passed for 127.0.0.1:%d: %w", port, err)
+		}
+		// As on the stream path, the link going down cuts the connection.
+		return &linkBoundConn{Conn: conn, stop: context.AfterFunc(c.linkCtx, func() { conn.Close() })}, nil
 	}
 	o.stop()
 	return &streamConn{Stream: o.st, local: Addr{"service"}, remote: Addr{net.JoinHostPort("127.0.0.1", strconv.Itoa(port))}}, nil

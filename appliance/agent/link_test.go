@@ -17,45 +17,57 @@ import (
 	"github.com/sandgate/sandgate/internal/syncbuf"
 )
 
+// TestDialPort: a port dial over every kind of link. Over a socketpair
+// (sandgate sandbox's link) the agent passes the socket it connected, so
+// the port's bytes never cross the agent; over pipes (Google's CLI) they
+// ride a yamux stream. Both have TCP's half-close.
 func TestDialPort(t *testing.T) {
-	l := startLink(t, ClientOptions{})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	// An upper-casing echo server that answers after its client's EOF.
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		defer c.Close()
-		b, _ := io.ReadAll(c)
-		c.Write([]byte(strings.ToUpper(string(b))))
-	}()
-	port := ln.Addr().(*net.TCPAddr).Port
-	conn, err := l.c.DialPort(testCtx(t), port)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	conn.SetDeadline(time.Now().Add(10 * time.Second))
-	io.WriteString(conn, "hello from the service")
-	conn.(interface{ CloseWrite() error }).CloseWrite()
-	got, err := io.ReadAll(conn)
-	if err != nil || string(got) != "HELLO FROM THE SERVICE" {
-		t.Errorf("got %q, %v", got, err)
-	}
-	if conn.RemoteAddr().String() != ln.Addr().String() {
-		t.Errorf("RemoteAddr = %v, want %v", conn.RemoteAddr(), ln.Addr())
-	}
-	ln.Close()
-	if _, err := l.c.DialPort(testCtx(t), port); !errors.Is(err, ErrUnreachable) {
-		t.Errorf("dial to a closed port = %v, want ErrUnreachable", err)
-	}
-	if _, err := l.c.DialPort(testCtx(t), 70000); !errors.Is(err, fs.ErrInvalid) {
-		t.Errorf("dial to port 70000 = %v, want fs.ErrInvalid", err)
+	for _, kind := range []transport{netPipe, osPipes, socketPair} {
+		t.Run(kind.String(), func(t *testing.T) {
+			l := startLinkOver(t, kind, ClientOptions{}, nil)
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			// An upper-casing echo server that answers after its client's EOF.
+			go func() {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				defer c.Close()
+				b, _ := io.ReadAll(c)
+				c.Write([]byte(strings.ToUpper(string(b))))
+			}()
+			port := ln.Addr().(*net.TCPAddr).Port
+			conn, err := l.c.DialPort(testCtx(t), port)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			_, passed := conn.(*linkBoundConn)
+			if passed != (kind == socketPair) {
+				t.Errorf("the conn is a %T over a %v link", conn, kind)
+			}
+			conn.SetDeadline(time.Now().Add(10 * time.Second))
+			io.WriteString(conn, "hello from the service")
+			conn.(interface{ CloseWrite() error }).CloseWrite()
+			got, err := io.ReadAll(conn)
+			if err != nil || string(got) != "HELLO FROM THE SERVICE" {
+				t.Errorf("got %q, %v", got, err)
+			}
+			if conn.RemoteAddr().String() != ln.Addr().String() {
+				t.Errorf("RemoteAddr = %v, want %v", conn.RemoteAddr(), ln.Addr())
+			}
+			ln.Close()
+			if _, err := l.c.DialPort(testCtx(t), port); !errors.Is(err, ErrUnreachable) {
+				t.Errorf("dial to a closed port = %v, want ErrUnreachable", err)
+			}
+			if _, err := l.c.DialPort(testCtx(t), 70000); !errors.Is(err, fs.ErrInvalid) {
+				t.Errorf("dial to port 70000 = %v, want fs.ErrInvalid", err)
+			}
+		})
 	}
 }
 

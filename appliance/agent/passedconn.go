@@ -96,3 +96,17 @@ func (c *passedConn) RemoteAddr() net.Addr               { return c.tc.RemoteAdd
 func (c *passedConn) SetDeadline(t time.Time) error      { return c.tc.SetDeadline(t) }
 func (c *passedConn) SetReadDeadline(t time.Time) error  { return c.tc.SetReadDeadline(t) }
 func (c *passedConn) SetWriteDeadline(t time.Time) error { return c.tc.SetWriteDeadline(t) }
+
+// linkBoundConn is a passed socket that the link going down closes (see
+// Client.DialPort); closing it first releases that hook.
+type linkBoundConn struct {
+	net.Conn
+	stop func() bool
+}
+
+func (c *linkBoundConn) Close() error {
+	c.stop()
+	return c.Conn.Close()
+}
+
+func (c *linkBoundConn) CloseWrite() error { return c.Conn.(interface{ CloseWrite() error }).CloseWrite() }

@@ -90,6 +90,11 @@ type response struct {
 	// fdpass: the agent passes egress connections as sockets from now on
 	FDPass bool `json:"fdPass,omitempty"`
 
+	// dial: when the agent passes sockets, the connection to the port is
+	// passed too, and FD names it as an egress request does (the stream
+	// then carries nothing more).
+	FD uint64 `json:"fd,omitempty"`
+
 	// exec
 	ID uint64 `json:"id,omitempty"`
 

@@ -371,6 +371,20 @@ func (s *server) dial(st *yamux.Stream, f *framer, req request) {
 		f.msg(response{Error: &wireError{Code: codeUnreach, Message: fmt.Sprintf("nothing answers on 127.0.0.1:%d in the sandbox: %v", req.Port, err)}})
 		return
 	}
+	if s.fdPass.Load() {
+		fd, err := dupConn(c.(*net.TCPConn))
+		c.Close() // the service holds the socket now, or nobody does
+		if err != nil {
+			f.msg(response{Error: toWire(fmt.Errorf("passing the connection to 127.0.0.1:%d: %w", req.Port, err))})
+			return
+		}
+		// The socket rides on the link's next write, at the latest the
+		// one of this response, so it arrives before the response.
+		if seq, ok := s.sender().attach(fd); ok {
+			f.msg(response{FD: seq})
+		}
+		return
+	}
 	if err := f.msg(response{}); err != nil {
 		c.Close()
 		return
