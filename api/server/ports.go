@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"fmt"
-	"io"
 	"maps"
 	"net"
 	"net/http"
@@ -16,6 +15,8 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+
+	"github.com/sandgate/sandgate/internal/bulkcopy"
 )
 
 // tunnelTarget is protocol 1's pattern of a port tunnel's raw request
@@ -138,11 +139,11 @@ func splice(caller net.Conn, callerR *bufio.Reader, sandbox net.Conn) {
 	closeBoth := func() { once.Do(func() { caller.Close(); sandbox.Close() }) }
 	done := make(chan struct{})
 	go func() {
-		io.Copy(sandbox, callerR)
+		bulkcopy.Copy(sandbox, callerR, bulkcopy.Large1M, nil)
 		closeBoth()
 		close(done)
 	}()
-	io.Copy(caller, sandbox)
+	bulkcopy.Copy(caller, sandbox, bulkcopy.Large1M, nil)
 	closeBoth()
 	<-done
 }

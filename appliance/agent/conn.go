@@ -5,11 +5,12 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/yamux"
+
+	"github.com/sandgate/sandgate/internal/bulkcopy"
 )
 
 // yamuxConfig is the session configuration both ends use.
@@ -121,41 +122,12 @@ func (s *spliceCopier) run(errs chan<- error) {
 	errs <- err
 }
 
-// Copy buffers: every direction starts with a small one; a direction whose
-// read fills it is moving bulk data and goes on with a large one, so that a
-// download over the link costs a write to its socket per yamux frame
-// (up to 256 KiB), not eight.
-var (
-	smallCopyBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
-	largeCopyBufs = sync.Pool{New: func() any { b := make([]byte, 256<<10); return &b }}
-)
-
-// copyBulk copies src to dst until src's EOF (nil) or an error.
+// copyBulk copies src to dst until src's EOF (nil) or an error, with a
+// buffer that grows to 256 KiB for bulk data, so that a download over the
+// link costs a write to its socket per yamux frame, not eight.
 func copyBulk(dst io.Writer, src io.Reader) error {
-	pool := &smallCopyBufs
-	bp := pool.Get().(*[]byte)
-	defer func() { pool.Put(bp) }()
-	buf := *bp
-	for {
-		nr, rerr := src.Read(buf)
-		if nr == len(buf) && pool == &smallCopyBufs {
-			lp := largeCopyBufs.Get().(*[]byte)
-			copy(*lp, buf[:nr])
-			smallCopyBufs.Put(bp)
-			pool, bp, buf = &largeCopyBufs, lp, *lp
-		}
-		if nr > 0 {
-			if _, werr := dst.Write(buf[:nr]); werr != nil {
-				return werr
-			}
-		}
-		if rerr == io.EOF {
-			return nil
-		}
-		if rerr != nil {
-			return rerr
-		}
-	}
+	_, err := bulkcopy.Copy(dst, src, bulkcopy.Large256K, nil)
+	return err
 }
 
 // splice copies a↔b until both directions have ended, then closes both.

@@ -109,4 +109,6 @@ func (c *linkBoundConn) Close() error {
 	return c.Conn.Close()
 }
 
-func (c *linkBoundConn) CloseWrite() error { return c.Conn.(interface{ CloseWrite() error }).CloseWrite() }
+func (c *linkBoundConn) CloseWrite() error {
+	return c.Conn.(interface{ CloseWrite() error }).CloseWrite()
+}
