@@ -61,10 +61,11 @@ func TestE2E(t *testing.T) {
 	if ok, why := servetest.CanRun(); !ok {
 		t.Skip(why + " (or set CLOUD_RUN_SANDBOX_URL to run the suite against a deployment)")
 	}
-	f := newFixtures(t)
 	for _, mode := range []string{"sandgate-sandbox", "google-cli"} {
 		t.Run(mode, func(t *testing.T) {
 			t.Parallel()
+			// Fixtures of its own: what its stand-ins see is its own.
+			f := newFixtures(t)
 			tg := &target{name: mode, f: f, nonce: nonce(), echoURL: "https://" + echoHost,
 				token: "e2e-service-token-" + nonce(), identity: "e2e-identity-token-" + nonce()}
 			if mode == "google-cli" {
