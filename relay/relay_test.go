@@ -531,6 +531,8 @@ func TestRouteRefusals(t *testing.T) {
 		{"dns failure", "GET /https/nx.example.com/x HTTP/1.1\r\nHost: p\r\n\r\n", 502, "lookup nx.example.com"},
 		{"plain http", "GET http://api.example.com/ HTTP/1.1\r\nHost: api.example.com\r\n\r\n", 403, "plain http:// is refused"},
 		{"absolute https", "GET https://api.example.com/ HTTP/1.1\r\nHost: api.example.com\r\n\r\n", 400, "CONNECT host:443"},
+		{"http route", "GET /http/api.example.com/x HTTP/1.1\r\nHost: p\r\n\r\n", 403, "an http route is refused"},
+		{"http route spelled oddly", "GET /HTTP/api.example.com/x HTTP/1.1\r\nHost: p\r\n\r\n", 403, "an http route is refused"},
 		{"unknown route", "GET /v1/messages HTTP/1.1\r\nHost: p\r\n\r\n", 404, "/https/<host>/<path>"},
 		{"no host", "GET /https/ HTTP/1.1\r\nHost: p\r\n\r\n", 400, "names no host"},
 		{"smuggling", "POST /https/api.example.com/x HTTP/1.1\r\nHost: p\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 400, "both Content-Length and Transfer-Encoding"},

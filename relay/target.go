@@ -53,6 +53,10 @@ func parseTarget(method, requestURI string) (target, error) {
 	case strings.HasPrefix(lower, "https://"):
 		return target{}, &Error{Status: http.StatusBadRequest, Code: CodeBadRequest,
 			Reason: "absolute https:// request-targets are not proxied: send CONNECT host:443 for a tunnel, or request /https/<host>/<path> for a base-URL route"}
+	case strings.HasPrefix(lower, "/http/"):
+		// Protocol 1 §7: an http route is refused (403), not unknown.
+		return target{}, &Error{Status: http.StatusForbidden, Code: CodePlainHTTP,
+			Reason: "an http route is refused: sandgate carries only HTTPS, so credentials never travel in clear; use /https/<host>/<path>"}
 	case !strings.HasPrefix(requestURI, RoutePrefix):
 		return target{}, &Error{Status: http.StatusNotFound, Code: CodeNoRoute,
 			Reason: fmt.Sprintf("no route for %q: base-URL routes look like /https/<host>/<path>", truncate(requestURI, 100))}
