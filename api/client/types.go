@@ -180,7 +180,9 @@ type AuditEvent struct {
 	Transforms []string      `json:"transforms,omitempty"`
 	Module     string        `json:"module,omitempty"`
 	Notes      []string      `json:"notes,omitempty"`
-	Error      string        `json:"error,omitempty"`
+	// NotesDropped counts the modules' notes over the service's caps.
+	NotesDropped int    `json:"notes_dropped,omitempty"`
+	Error        string `json:"error,omitempty"`
 }
 
 // SandboxInfo describes a sandbox, running or suspended.
