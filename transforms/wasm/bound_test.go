@@ -135,8 +135,10 @@ func sectionOffset(t *testing.T, b []byte, id byte) int {
 // tests build still compiles once rewritten, and the rewrite renumbers what
 // refers to functions.
 func TestBoundRewritesValidModules(t *testing.T) {
-	rt := wazero.NewRuntime(context.Background())
-	defer rt.Close(context.Background())
+	// The runtime's own wazero runtime, with the compilation cache the
+	// other tests fill: compiling a Go guest afresh takes seconds under
+	// the race detector.
+	rt := newRuntime(t, Config{}).wr
 	for _, name := range []string{"noop", "probe"} {
 		b, err := bound(guest(t, name))
 		if err != nil {
