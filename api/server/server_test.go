@@ -607,7 +607,7 @@ while True:
 			ws = c
 			break
 		}
-		if i == 200 || (resp != nil && resp.StatusCode != http.StatusBadGateway) {
+		if i == 1200 || (resp != nil && resp.StatusCode != http.StatusBadGateway) {
 			t.Fatalf("bridge: %v", err)
 		}
 		time.Sleep(50 * time.Millisecond)

@@ -171,14 +171,14 @@ func TestStoppedStartDoesNotWedgeInit(t *testing.T) {
 	go func() { attacker.Wait(); close(gone) }()
 	select {
 	case <-gone: // no stop signal of its can reach the next start
-	case <-time.After(10 * time.Second):
-		t.Fatal("the attacker did not end within 10s of SIGKILL")
+	case <-time.After(time.Minute):
+		t.Fatal("the attacker did not end within a minute of SIGKILL")
 	}
 	if ended, err := execTrue(m, "stall", 10*time.Second); !ended || err != nil {
 		t.Errorf("after a start held stopped was killed, exec true: ended %v, %v (stuck child: %d)", ended, err, stoppedPreExecChild(initPid))
 	}
 	for i := 0; zombieChildren(initPid) > 0; i++ {
-		if i == 100 {
+		if i == 1200 { // a minute: reaping takes milliseconds
 			t.Errorf("the init leaves %d zombies", zombieChildren(initPid))
 			break
 		}

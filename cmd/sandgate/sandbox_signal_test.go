@@ -51,7 +51,7 @@ func TestSandboxExecGivesUpOnStalledInit(t *testing.T) {
 	}
 	// Started once the init has forked sleep (a child of one of its threads).
 	for i := 0; strings.Count(initChildrenNames(initPid), "sleep\n") < 2; i++ {
-		if i == 200 {
+		if i == 1200 { // a minute: only a hang takes that long
 			t.Fatalf("the exec'd sleep never appeared: %q", initChildrenNames(initPid))
 		}
 		time.Sleep(50 * time.Millisecond)
