@@ -83,7 +83,7 @@ func FuzzServeConn(f *testing.F) {
 		client.Close()
 		select {
 		case <-done:
-		case <-time.After(5 * time.Second):
+		case <-time.After(30 * time.Second):
 			t.Fatalf("ServeConn did not return for %q", data)
 		}
 	})

@@ -125,9 +125,9 @@ func TestPassedSocketMadeBlockingKeepsDeadlines(t *testing.T) {
 	select {
 	case err := <-readDone:
 		t.Logf("read returned: %v", err)
-	case <-time.After(5 * time.Second):
+	case <-time.After(30 * time.Second):
 		stuck = true
-		t.Errorf("a read with a 200ms deadline on a passed socket had not returned after 5s: the sandbox made it blocking (it shares the open file description); the deadline cannot fire")
+		t.Errorf("a read with a 200ms deadline on a passed socket had not returned after 30s: the sandbox made it blocking (it shares the open file description); the deadline cannot fire")
 	}
 	closeDone := make(chan struct{})
 	go func() {
@@ -183,9 +183,9 @@ func TestPassedSocketMadeBlockingCannotHangProxy(t *testing.T) {
 	select {
 	case <-finished:
 		t.Log("the proxy gave up on the half-sent request (HeaderTimeout)")
-	case <-time.After(5 * time.Second):
+	case <-time.After(30 * time.Second):
 		hung = true
-		t.Errorf("the proxy still served a connection 5s after its 200ms HeaderTimeout: the sandbox made the passed socket blocking")
+		t.Errorf("the proxy still served a connection 30s after its 200ms HeaderTimeout: the sandbox made the passed socket blocking")
 	}
 	closed := make(chan struct{})
 	go func() {
