@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -47,17 +48,25 @@ func (s *Session) DialPort(ctx context.Context, port int) (net.Conn, error) {
 	// The connection outlives ctx, which bounds the dial: it ends when
 	// closed.
 	cctx, cancel := context.WithCancel(context.Background())
-	return &bridgeConn{Conn: websocket.NetConn(cctx, ws, websocket.MessageBinary), cancel: cancel}, nil
+	return &bridgeConn{Conn: websocket.NetConn(cctx, ws, websocket.MessageBinary), ws: ws, cancel: cancel}, nil
 }
 
-// bridgeConn is a TCP bridge connection.
+// bridgeConn is a TCP bridge connection. Close sends the close frame
+// before anything else: coder/websocket's NetConn Close first cancels the
+// context of a Read in progress, which may close the connection before
+// the frame is written, and the service would read an EOF for the end.
 type bridgeConn struct {
 	net.Conn
+	ws     *websocket.Conn
 	cancel context.CancelFunc
 }
 
 func (b *bridgeConn) Close() error {
-	err := b.Conn.Close()
+	err := b.ws.Close(websocket.StatusNormalClosure, "")
+	b.Conn.Close()
 	b.cancel()
+	if errors.Is(err, net.ErrClosed) {
+		err = nil
+	}
 	return err
 }

@@ -213,6 +213,21 @@ func (s *Server) tcpBridge(w http.ResponseWriter, r *http.Request) {
 	defer release()
 	ctx, cancel = context.WithCancel(context.Background())
 	defer cancel()
-	conn := websocket.NetConn(ctx, ws, websocket.MessageBinary)
+	conn := &wsNetConn{Conn: websocket.NetConn(ctx, ws, websocket.MessageBinary), ws: ws}
 	splice(conn, bufio.NewReader(conn), up)
+}
+
+// wsNetConn is a WebSocket as a net.Conn whose Close sends the close frame
+// before anything else. coder/websocket's own NetConn Close first cancels
+// the context of a Read in progress (the other direction of a splice), and
+// that cancellation may close the connection before the close frame is
+// written: the peer then reads an EOF where the stream's end should be.
+type wsNetConn struct {
+	net.Conn
+	ws *websocket.Conn
+}
+
+func (c *wsNetConn) Close() error {
+	c.ws.Close(websocket.StatusNormalClosure, "")
+	return c.Conn.Close()
 }

@@ -625,6 +625,46 @@ while True:
 	}
 }
 
+// When the server in the sandbox ends a connection, the bridge ends the
+// WebSocket with a close frame, every time: the caller reads the stream's
+// end, not a connection cut under it (coder/websocket's NetConn Close could
+// cut it before the frame went out).
+func TestTCPBridgeEndsWithCloseFrame(t *testing.T) {
+	r := newRig(t, nil)
+	r.create("box", nil)
+	r.must(204, "PUT", "/v1/sandboxes/box/files/workspace/bye.py", `import socket
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(("127.0.0.1", 5001)); s.listen(8)
+while True:
+    c, _ = s.accept()
+    c.sendall(b"bye\n")
+    c.close()`)
+	r.startDetached("box", "python3 /workspace/bye.py")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	dial := func() (*websocket.Conn, error) {
+		for i := 0; ; i++ {
+			c, resp, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(r.hs.URL, "http")+"/v1/sandboxes/box/tcp/5001",
+				&websocket.DialOptions{HTTPHeader: http.Header{api.HeaderToken: {r.token}, api.HeaderProtocol: {"1"}}})
+			if err == nil || i == 1200 || (resp != nil && resp.StatusCode != http.StatusBadGateway) {
+				return c, err
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	for i := range 30 {
+		ws, err := dial()
+		if err != nil {
+			t.Fatalf("bridge %d: %v", i, err)
+		}
+		conn := websocket.NetConn(ctx, ws, websocket.MessageBinary)
+		got, err := io.ReadAll(conn)
+		conn.Close()
+		if err != nil || string(got) != "bye\n" {
+			t.Fatalf("bridge %d: read %q, %v; want the message, then the end of the stream", i, got, err)
+		}
+	}
+}
+
 // A sandbox's own WebAssembly module runs on its routes.
 func TestModulesRoute(t *testing.T) {
 	rt, err := wasm.NewRuntime(context.Background(), wasm.Config{CacheDir: gobuild.WasmCache(t), CallTimeout: time.Minute})
