@@ -31,6 +31,7 @@ func (cc *clientConn) route(ctx context.Context, req *http.Request, t target) bo
 	ev := audit.Event{Sandbox: cc.sb.id, Kind: audit.Route, Host: t.host, Port: t.port, Method: req.Method, Path: pathOnly(t.rest)}
 	body := &countingBody{r: req.Body, conn: cc.c, idle: cc.p.cfg.IdleTimeout}
 	x, keep, err := cc.forward(ctx, req, t, &ev, body)
+	var refusal *Error // written once the event is recorded, as every refusal is
 	if err != nil {
 		e := asError(err)
 		if body.stalled.Load() {
@@ -45,7 +46,7 @@ func (cc *clientConn) route(ctx context.Context, req *http.Request, t target) bo
 		if ev.Allow { // the policy allowed; something after it failed
 			ev.Code, ev.Error = e.Code, e.Error()
 		}
-		cc.writeError(e, true)
+		refusal = e
 		keep = false
 		cc.linger = req.ContentLength != 0 && !body.eof.Load()
 	} else if req.ContentLength != 0 && !body.eof.Load() {
@@ -66,6 +67,9 @@ func (cc *clientConn) route(ctx context.Context, req *http.Request, t target) bo
 	}
 	ev.BytesIn, ev.Duration = body.n.Load(), time.Since(start)
 	cc.p.record(ev)
+	if refusal != nil {
+		cc.writeError(refusal, true)
+	}
 	return keep
 }
 
