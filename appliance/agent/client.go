@@ -785,7 +785,7 @@ func (c *Client) TarOut(ctx context.Context, dir string, w io.Writer) error {
 // (Info.FDPass), the conn is the socket the agent connected, passed over
 // the link: its bytes never cross the agent or yamux.
 func (c *Client) DialPort(ctx context.Context, port int) (net.Conn, error) {
-	o, resp, err := c.open(ctx, request{Op: "dial", Port: port})
+	o, resp, err := c.open(ctx, request{Op: "dial", Port: port, PassFD: c.info.FDPass})
 	if err != nil {
 		return nil, err
 	}

@@ -66,6 +66,10 @@ type request struct {
 
 	// dial
 	Port int `json:"port,omitempty"`
+	// PassFD (dial) asks for the connection as a passed socket (response
+	// FD), which the agent does when it passes sockets (fdpass); an older
+	// service never asks, and gets the bytes on the stream.
+	PassFD bool `json:"passFd,omitempty"`
 
 	// egress (agent → service)
 	From string `json:"from,omitempty"`

@@ -371,7 +371,7 @@ func (s *server) dial(st *yamux.Stream, f *framer, req request) {
 		f.msg(response{Error: &wireError{Code: codeUnreach, Message: fmt.Sprintf("nothing answers on 127.0.0.1:%d in the sandbox: %v", req.Port, err)}})
 		return
 	}
-	if s.fdPass.Load() {
+	if req.PassFD && s.fdPass.Load() {
 		fd, err := dupConn(c.(*net.TCPConn))
 		c.Close() // the service holds the socket now, or nobody does
 		if err != nil {
