@@ -125,10 +125,17 @@ func TestSandboxDeletedBehindItsBack(t *testing.T) {
 		t.Fatalf("delete behind its back: %v %s", err, out)
 	}
 	var err error
+	seen := map[string]int{}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("errors of Run meanwhile: %v", seen)
+		}
+	})
 	waitFor(t, "operations to report the sandbox gone", func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		_, err = e.sb.Run(ctx, agent.Cmd{Args: []string{"true"}})
+		seen[fmt.Sprint(err)]++
 		return errors.Is(err, ErrNotFound)
 	})
 	if !strings.Contains(err.Error(), e.sb.ID()) {

@@ -511,9 +511,12 @@ func TestAgentRestarted(t *testing.T) {
 	}
 }
 
+// waitFor polls ok until it holds, for up to two minutes: longer than any
+// bound of the code under test (an agent's hello waits 30 s, its CLI 5 s
+// more), so that only a hang fails it.
 func waitFor(t *testing.T, what string, ok func() bool) {
 	t.Helper()
-	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+	for deadline := time.Now().Add(2 * time.Minute); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
 		if ok() {
 			return
 		}
