@@ -131,7 +131,7 @@ func (r *rig) benchTunnel(port int, bulk int64, rounds int) error {
 				conn, err := dialInNetns(netns, fmt.Sprintf("127.0.0.1:%d", port))
 				return conn, fmt.Sprintf("/bulk?n=%d", n), err
 			}},
-		{name: "Sandbox.DialPort", note: "the agent's port dial alone: a stream of its link (what the tunnel splices onto)",
+		{name: "Sandbox.DialPort", note: "the agent's port dial alone: the socket it passes over a socket link, else a stream of it (what the tunnel copies to)",
 			dial: func(ctx context.Context, n int64) (net.Conn, string, error) {
 				conn, err := sb.DialPort(ctx, port)
 				return conn, fmt.Sprintf("/bulk?n=%d", n), err
