@@ -259,20 +259,30 @@ func (r *Rings) Forget(sandbox string) {
 // each routed request, so what it costs is paid per request.
 //
 // Writes are group-committed: a Record that finds another one writing adds
-// its line to the next write and returns, and the writing one writes what
-// accumulated before it returns. Under load many lines go out in one
-// write; alone, each line is written before Record returns. Lines are never
-// interleaved or reordered. No goroutine is involved.
+// its line to the next write and waits; when a write ends, one of those
+// waiting writes everything that accumulated meanwhile. Under load many
+// lines go out in one write, and no Record writes for others more than
+// once. Every Record returns once its own line has been written (an event
+// is never only in memory when the request it describes has been
+// answered). Lines are never interleaved or reordered. No goroutine is
+// involved.
 type JSONLines struct {
 	mu      sync.Mutex
+	done    sync.Cond // a write ended
 	w       io.Writer
 	pending []byte // encoded lines not written yet
 	spare   []byte // the buffer being written, reused for pending
 	writing bool
+	queued  uint64 // lines appended to pending, ever
+	written uint64 // lines whose write has returned, ever
 }
 
 // NewJSONLines returns a sink writing to w.
-func NewJSONLines(w io.Writer) *JSONLines { return &JSONLines{w: w} }
+func NewJSONLines(w io.Writer) *JSONLines {
+	j := &JSONLines{w: w}
+	j.done.L = &j.mu
+	return j
+}
 
 // jsonLinesKeep bounds the buffers kept between writes.
 const jsonLinesKeep = 256 << 10
@@ -283,14 +293,18 @@ func (j *JSONLines) Record(e Event) {
 		e.Time = time.Now()
 	}
 	j.mu.Lock()
+	defer j.mu.Unlock()
 	j.pending = appendEvent(j.pending, &e)
-	if j.writing {
-		j.mu.Unlock()
-		return
-	}
-	j.writing = true
-	for len(j.pending) > 0 {
-		b := j.pending
+	j.queued++
+	mine := j.queued
+	for j.written < mine {
+		if j.writing {
+			j.done.Wait()
+			continue
+		}
+		// Write everything pending, this line among it.
+		j.writing = true
+		b, upTo := j.pending, j.queued
 		j.pending = j.spare[:0]
 		j.mu.Unlock()
 		j.w.Write(b)
@@ -300,9 +314,10 @@ func (j *JSONLines) Record(e Event) {
 		} else {
 			j.spare = nil
 		}
+		j.written = upTo
+		j.writing = false
+		j.done.Broadcast()
 	}
-	j.writing = false
-	j.mu.Unlock()
 }
 
 // appendEvent appends e's line to b.

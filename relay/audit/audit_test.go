@@ -211,3 +211,44 @@ func (l *lockedBuffer) String() string {
 	defer l.mu.Unlock()
 	return l.b.String()
 }
+
+// A Record that finds another one writing waits until its own line has
+// been written: the event of an answered request is never only in memory.
+func TestJSONLinesRecordReturnsOnceWritten(t *testing.T) {
+	w := &gatedWriter{entered: make(chan struct{}, 4), gate: make(chan struct{})}
+	j := NewJSONLines(w)
+	first := make(chan struct{})
+	go func() { j.Record(Event{Sandbox: "a"}); close(first) }()
+	<-w.entered // the first line's write is in progress, held at the gate
+	second := make(chan struct{})
+	go func() { j.Record(Event{Sandbox: "b"}); close(second) }()
+	select {
+	case <-second:
+		t.Fatal("the second Record returned while its line was not written")
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(w.gate)
+	for _, c := range []chan struct{}{first, second} {
+		select {
+		case <-c:
+		case <-time.After(time.Minute):
+			t.Fatal("a Record did not return within a minute of the writer going on")
+		}
+	}
+	if got := w.String(); !strings.Contains(got, `"sandbox":"a"`) || !strings.Contains(got, `"sandbox":"b"`) || strings.Count(got, "\n") != 2 {
+		t.Errorf("written: %q", got)
+	}
+}
+
+// gatedWriter holds every write until gate is closed.
+type gatedWriter struct {
+	lockedBuffer
+	entered chan struct{}
+	gate    chan struct{}
+}
+
+func (g *gatedWriter) Write(p []byte) (int, error) {
+	g.entered <- struct{}{}
+	<-g.gate
+	return g.lockedBuffer.Write(p)
+}
