@@ -229,6 +229,7 @@ func (s *Sandbox) supervise() {
 			s.restarts = 0
 		}
 		s.mu.Unlock()
+		lookedAgain := false
 		for {
 			s.mu.Lock()
 			s.restarts++
@@ -251,6 +252,23 @@ func (s *Sandbox) supervise() {
 				// run anything in the sandbox either does. (Only here: a
 				// sandbox being created is not gone, it failed.)
 				err = fmt.Errorf("%w: the sandbox CLI runs nothing in sandbox %s (%w)", ErrNotFound, s.id, err)
+			}
+			if errors.Is(err, ErrNotRunning) && !errors.Is(err, ErrNotFound) && !lookedAgain {
+				// A delete under way elsewhere looks like this for a
+				// moment (its init killed, its state not yet marked):
+				// look once more, so that a deleted sandbox is reported
+				// as gone, not as stopped for good. Not counted.
+				lookedAgain = true
+				s.mu.Lock()
+				s.restarts--
+				s.mu.Unlock()
+				s.log.Warn("the sandbox's init is not running; looking once more", "err", err)
+				select {
+				case <-s.ctx.Done():
+					return
+				case <-time.After(500 * time.Millisecond):
+				}
+				continue
 			}
 			if errors.Is(err, ErrNotFound) || errors.Is(err, ErrNotRunning) {
 				// Deleted or stopped behind our back: no restart can help.
