@@ -642,6 +642,12 @@ type fileReader struct {
 }
 
 func (r *fileReader) Read(p []byte) (int, error) {
+	// Cut by its context at once: the stream's deadline, which the
+	// context also sets, takes effect a moment later, and what is already
+	// buffered would still be read.
+	if err := r.ctx.Err(); err != nil {
+		return 0, r.c.fail(r.ctx, "read", err)
+	}
 	n, err := r.dr.Read(p)
 	if err != nil && err != io.EOF {
 		err = r.c.fail(r.ctx, "read", err)
