@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -128,6 +129,30 @@ func usageError(c *cli.Context, err error, _ bool) error {
 func isUsageError(err error) bool {
 	return strings.HasPrefix(err.Error(), "flag provided but not defined") ||
 		strings.Contains(err.Error(), "No help topic for")
+}
+
+// noArgs applies the flags among c's arguments and refuses any other
+// argument of verb.
+func noArgs(c *cli.Context, verb string) error {
+	args, err := interspersed(c)
+	if err != nil {
+		return err
+	}
+	if len(args) > 0 {
+		return badInput("%s takes no arguments", verb)
+	}
+	return nil
+}
+
+// printJSONList writes list as an indented JSON array ([] when empty), as
+// the list verbs' --json do.
+func printJSONList[T any](w io.Writer, list []T) error {
+	if list == nil {
+		list = []T{}
+	}
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(list)
 }
 
 // interspersed applies flags written after the positional arguments

@@ -346,11 +346,8 @@ func eachName(c *cli.Context, verb string, do func(*client.Client, context.Conte
 }
 
 func runList(c *cli.Context) error {
-	if args, err := interspersed(c); err != nil || len(args) > 0 {
-		if err != nil {
-			return err
-		}
-		return badInput("list takes no arguments")
+	if err := noArgs(c, "list"); err != nil {
+		return err
 	}
 	cl, err := newRemote(c)
 	if err != nil {
@@ -361,12 +358,7 @@ func runList(c *cli.Context) error {
 		return err
 	}
 	if c.Bool("json") {
-		enc := json.NewEncoder(c.App.Writer)
-		enc.SetIndent("", "  ")
-		if infos == nil {
-			infos = []client.SandboxInfo{}
-		}
-		return enc.Encode(infos)
+		return printJSONList(c.App.Writer, infos)
 	}
 	tw := tabwriter.NewWriter(c.App.Writer, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "NAME\tSTATE\tCREATED\tLAST ACTIVE\tTEMPLATE\tSNAPSHOT")
@@ -469,12 +461,7 @@ func runTemplateLs(c *cli.Context) error {
 		return err
 	}
 	if c.Bool("json") {
-		if list == nil {
-			list = []client.TemplateInfo{}
-		}
-		enc := json.NewEncoder(c.App.Writer)
-		enc.SetIndent("", "  ")
-		return enc.Encode(list)
+		return printJSONList(c.App.Writer, list)
 	}
 	tw := tabwriter.NewWriter(c.App.Writer, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tCREATED\tSIZE")
@@ -588,11 +575,8 @@ func runAudit(c *cli.Context) error {
 }
 
 func runPreflight(c *cli.Context) error {
-	if args, err := interspersed(c); err != nil || len(args) > 0 {
-		if err != nil {
-			return err
-		}
-		return badInput("preflight takes no arguments")
+	if err := noArgs(c, "preflight"); err != nil {
+		return err
 	}
 	cl, err := newRemote(c)
 	if err != nil {

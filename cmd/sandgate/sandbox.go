@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -438,12 +437,7 @@ func runSandboxList(c *cli.Context) error {
 		return err
 	}
 	if c.Bool("json") {
-		if infos == nil {
-			infos = []localbox.Info{}
-		}
-		enc := json.NewEncoder(c.App.Writer)
-		enc.SetIndent("", "  ")
-		return enc.Encode(infos)
+		return printJSONList(c.App.Writer, infos)
 	}
 	tw := tabwriter.NewWriter(c.App.Writer, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tSTATE\tPID\tCREATED")
