@@ -174,7 +174,7 @@ func (x *Exchange) handleRequest(ctx context.Context, m *Module) error {
 		}
 	}
 	next, reqCtx := uint32(ctxNext), uint32(ctxNext>>32)
-	if next == 1 && m.hasResponse {
+	if next == 1 && m.hasResponse && !inst.responseNoop {
 		x.held = append(x.held, held{m: m, inst: inst, reqCtx: reqCtx, features: st.features})
 	} else {
 		m.put(inst)

@@ -25,6 +25,13 @@ const (
 	exportHandleRequest  = "handle_request"
 	exportHandleResponse = "handle_response"
 	exportMemory         = "memory"
+	// exportResponseNoop is sandgate's optional export
+	// sandgate_response_noop() -> i32, asked once per instance after it
+	// started: 1 means its handle_response does nothing (the guest library
+	// exports it, answering 1 when no response handler is registered), so
+	// a request gives the instance back right after handle_request
+	// instead of keeping it while the upstream answers.
+	exportResponseNoop = "sandgate_response_noop"
 )
 
 // Module is one guest: compiled once, with its name and config bytes, and a
@@ -58,8 +65,11 @@ type instance struct {
 	handleRequest  api.Function
 	handleResponse api.Function
 	features       Features
-	stderr         headBuffer
-	stack          [2]uint64
+	// responseNoop is the instance's answer to sandgate_response_noop:
+	// its handle_response does nothing and is not called.
+	responseNoop bool
+	stderr       headBuffer
+	stack        [2]uint64
 	// cc is the context of every call into the instance; the runtime's
 	// watchdog closes its Done channel to stop a call.
 	cc *callCtx
@@ -151,6 +161,11 @@ func (m *Module) check() error {
 			return loadError(m.name, nil, "exports handle_response with type %s; the ABI's is (i32, i32) -> ()", got)
 		}
 		m.hasResponse = true
+	}
+	if def, ok := exports[exportResponseNoop]; ok {
+		if got := (signature{string(def.ParamTypes()), string(def.ResultTypes())}); got != (signature{"", string([]api.ValueType{api.ValueTypeI32})}) {
+			return loadError(m.name, nil, "exports %s with type %s; sandgate's is () -> i32", exportResponseNoop, got)
+		}
 	}
 	if !m.hasRequest && !m.hasResponse {
 		return loadError(m.name, nil, "exports neither handle_request nor handle_response; an http-wasm guest exports at least one (Go: //go:wasmexport handle_request)")
@@ -258,6 +273,15 @@ func (m *Module) instantiate(ctx context.Context) (*instance, error) {
 	}
 	for _, msg := range st.startErrors {
 		m.rt.cfg.Logger.LogAttrs(context.Background(), slog.LevelError, msg, slog.String("module", m.name))
+	}
+	if fn := mod.ExportedFunction(exportResponseNoop); fn != nil {
+		// Asked after the start functions, so the guest's handlers are
+		// registered; under the same limit as they are.
+		if err := m.startCall(ctx, inst, fn, st); err != nil {
+			m.closeInstance(inst)
+			return nil, err
+		}
+		inst.responseNoop = uint32(inst.stack[0]) == 1
 	}
 	inst.handleRequest = mod.ExportedFunction(exportHandleRequest)
 	inst.handleResponse = mod.ExportedFunction(exportHandleResponse)

@@ -47,7 +47,14 @@ type Config struct {
 	// StartTimeout bounds instantiating a guest (its _initialize); default 5s.
 	StartTimeout time.Duration
 	// PoolSize caps the instances of one module alive at once (in use or
-	// idle); default 2×GOMAXPROCS, at least 4.
+	// idle); default 8×GOMAXPROCS, at least 16. Instances start on demand
+	// (a Go guest's is about 3 MiB of linear memory). A request keeps its
+	// instance from handle_request until its response pass, across the
+	// upstream's time to its response headers (seconds for a model call),
+	// so the cap is on requests in flight through a module with a response
+	// handler, not on CPU (MaxConcurrentCalls is); a module that says its
+	// handle_response does nothing (sandgate_response_noop, as package
+	// guest does) gives its instance back when handle_request returns.
 	PoolSize int
 	// PoolWait bounds how long a request waits for a free instance when
 	// every one is busy; default 10s (the request's context may end it
@@ -78,7 +85,7 @@ func (c Config) withDefaults() Config {
 		c.StartTimeout = 5 * time.Second
 	}
 	if c.PoolSize <= 0 {
-		c.PoolSize = max(4, 2*runtime.GOMAXPROCS(0))
+		c.PoolSize = max(16, 8*runtime.GOMAXPROCS(0))
 	}
 	if c.MaxConcurrentCalls <= 0 {
 		c.MaxConcurrentCalls = max(4, 2*runtime.GOMAXPROCS(0))

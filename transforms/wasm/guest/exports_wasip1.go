@@ -17,3 +17,13 @@ func handleRequest() uint64 {
 func handleResponse(reqCtx uint32, isError uint32) {
 	runResponse(reqCtx, isError != 0)
 }
+
+// responseNoop is sandgate's optional export sandgate_response_noop: the
+// host calls it once per instance, after initialisation; 1 means
+// handle_response does nothing (no ResponseHandler), so the host need not
+// keep the instance for it. Other http-wasm hosts ignore it.
+//
+//go:wasmexport sandgate_response_noop
+func responseNoop() uint32 {
+	return runResponseNoop()
+}

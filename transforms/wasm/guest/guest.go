@@ -26,6 +26,10 @@ type ResponseHandler func(reqCtx uint32, req Request, resp Response, isError boo
 var (
 	requestHandler  RequestHandler
 	responseHandler ResponseHandler
+	// asked is set once the host asked whether handle_response does
+	// anything (runResponseNoop): a response handler registered later
+	// would never be called.
+	asked bool
 )
 
 // HandleRequest registers the function the host calls for each request.
@@ -36,10 +40,32 @@ var (
 func HandleRequest(h RequestHandler) { requestHandler = h }
 
 // HandleResponse registers the function the host calls with each response
-// whose request continued. Without one, responses pass unchanged. To read
-// or change the response's status or body the module must enable
-// [FeatureBufferResponse].
-func HandleResponse(h ResponseHandler) { responseHandler = h }
+// whose request continued. Without one, responses pass unchanged (and
+// sandgate returns the module's instance to its pool as soon as
+// handle_request returns, instead of keeping it while the upstream
+// answers). To read or change the response's status or body the module
+// must enable [FeatureBufferResponse].
+//
+// Call it from an init function or a package variable's initialiser, as
+// HandleRequest: once the host has started the module it asks whether a
+// response handler exists, and registering the first one after that
+// panics rather than be silently never called.
+func HandleResponse(h ResponseHandler) {
+	if asked && responseHandler == nil && h != nil {
+		panic("guest.HandleResponse: register the response handler while the module initialises (in an init function or a package variable's initialiser), not once it serves requests")
+	}
+	responseHandler = h
+}
+
+// runResponseNoop is the body of the sandgate_response_noop export: 1 when
+// no response handler is registered, so that handle_response does nothing.
+func runResponseNoop() uint32 {
+	asked = true
+	if responseHandler == nil {
+		return 1
+	}
+	return 0
+}
 
 // runRequest is the body of the handle_request export: it packs the
 // handler's answer as the ABI's ctx_next, reqCtx<<32 | next.

@@ -50,9 +50,10 @@ var abi = map[string]string{
 // exports are what every module built with the library exports: the two
 // handlers with the ABI's signatures, and the reactor's initialiser.
 var exports = map[string]string{
-	"handle_request":  "() i64",
-	"handle_response": "(i32,i32) ",
-	"_initialize":     "() ",
+	"handle_request":         "() i64",
+	"handle_response":        "(i32,i32) ",
+	"sandgate_response_noop": "() i32",
+	"_initialize":            "() ",
 }
 
 // module is what a compiled module imports from the http-wasm host modules
