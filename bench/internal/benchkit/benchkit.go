@@ -461,6 +461,71 @@ func Rate(t Target, conc int, dur time.Duration) (float64, []time.Duration, erro
 	return float64(n.Load()) / time.Since(start).Seconds(), lat, nil
 }
 
+// Rates is what RateRounds measured: per target, its rate over all its
+// rounds, the process CPU it cost, and each round's rate.
+type Rates struct {
+	Rate   []float64       // requests per second over all of the target's rounds
+	CPU    []time.Duration // CPU of the target's process (Pids) during its rounds
+	N      []int64         // requests answered
+	Rounds [][]float64     // Rounds[r][i]: target i's rate in round r
+}
+
+// RateRounds measures every target's request rate in rounds: each round
+// gives each target in turn dur/rounds of conc clients, so that a change in
+// the host's load during the run hits every target alike instead of the one
+// that happened to run then. pids[i], when not 0, is the process whose CPU
+// target i's rounds are charged with (pids may be nil).
+func RateRounds(targets []Target, conc int, dur time.Duration, rounds int, pids []int) (Rates, error) {
+	rounds = max(rounds, 1)
+	slice := dur / time.Duration(rounds)
+	res := Rates{Rate: make([]float64, len(targets)), CPU: make([]time.Duration, len(targets)), N: make([]int64, len(targets))}
+	spent := make([]time.Duration, len(targets))
+	for range rounds {
+		row := make([]float64, len(targets))
+		for i, t := range targets {
+			pid := 0
+			if i < len(pids) {
+				pid = pids[i]
+			}
+			var cpu0 time.Duration
+			if pid != 0 {
+				cpu0 = ProcCPU(pid)
+			}
+			t0 := time.Now()
+			r, lat, err := Rate(t, conc, slice)
+			if err != nil {
+				return res, err
+			}
+			spent[i] += time.Since(t0)
+			if pid != 0 {
+				res.CPU[i] += ProcCPU(pid) - cpu0
+			}
+			res.N[i] += int64(len(lat))
+			row[i] = r
+		}
+		res.Rounds = append(res.Rounds, row)
+	}
+	for i := range targets {
+		res.Rate[i] = float64(res.N[i]) / spent[i].Seconds()
+	}
+	return res, nil
+}
+
+// RatioSpread returns the lowest and highest of target i's per-round rate
+// divided by target j's in the same round.
+func (r Rates) RatioSpread(i, j int) (lo, hi float64) {
+	for k, row := range r.Rounds {
+		x := row[i] / row[j]
+		if k == 0 || x < lo {
+			lo = x
+		}
+		if k == 0 || x > hi {
+			hi = x
+		}
+	}
+	return lo, hi
+}
+
 // Latencies sends n rounds of one request to each target in turn, one
 // request at a time, so that noise hits every target alike, and returns
 // each target's latencies in the order of targets.
