@@ -94,3 +94,44 @@ func BenchmarkInstantiate(b *testing.B) {
 		m.closeInstance(inst)
 	}
 }
+
+// BenchmarkCallInFlight measures requests through one module with the
+// upstream's wait between the two passes, as the proxy runs them: 4×
+// GOMAXPROCS requests at once, each handle_request, 200 µs of waiting for
+// the upstream, then handle_response. A module with a response pass keeps
+// its instance across that wait; one without (package guest with no
+// response handler: sandgate_response_noop) gives it back, so the pool
+// serves the other requests meanwhile. The pool is the runtime's default.
+func BenchmarkCallInFlight(b *testing.B) {
+	r := newRuntime(b, Config{})
+	bin := guest(b, "libresponse")
+	for _, mode := range []string{"none", "response"} {
+		b.Run("response-handler-"+mode, func(b *testing.B) {
+			ctx := context.Background()
+			m, err := r.Load(ctx, mode, bin, []byte(mode))
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer m.Close(ctx)
+			b.SetParallelism(4)
+			b.ReportAllocs()
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					req, _ := http.NewRequest("GET", "https://api.example.com/v1/x", nil)
+					x, err := HandleRequest(ctx, req, info, NewChain(m))
+					if err != nil {
+						b.Error(err)
+						return
+					}
+					time.Sleep(200 * time.Microsecond)
+					resp := &http.Response{StatusCode: 200, Header: http.Header{}, Body: http.NoBody}
+					if err := x.HandleResponse(ctx, resp); err != nil {
+						b.Error(err)
+					}
+					x.Close()
+				}
+			})
+		})
+	}
+}
