@@ -12,6 +12,7 @@ import (
 	"os"
 	"runtime"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -165,11 +166,10 @@ func buildProxy(c *cli.Context, logger *slog.Logger, eg *egress, auditOut io.Wri
 	}
 	specs := *c.Generic("transform-module").(*moduleSpecs)
 	if len(specs) > 0 || withRuntime {
-		if pp.runtime, err = newWasmRuntime(c, logger); err != nil {
+		if pp.runtime, err = newWasmRuntime(c, logger, wasmHeadroom(logger)); err != nil {
 			return nil, err
 		}
 		pp.closers = append(pp.closers, func() { pp.runtime.Close(context.Background()) })
-		wasmHeadroom(pp.runtime.Config().MaxConcurrentCalls, logger)
 	}
 	if len(specs) > 0 {
 		if pp.modules, err = loadModules(c.Context, pp.runtime, specs); err != nil {
@@ -200,25 +200,37 @@ func buildProxy(c *cli.Context, logger *slog.Logger, eg *egress, auditOut io.Wri
 	return pp, nil
 }
 
-// wasmHeadroom gives the process calls more Ps (GOMAXPROCS) than it has
-// cores. A module's code can be preempted by the Go scheduler only at the
-// yields its time checks make (transforms/wasm: bound.go), and the
-// scheduler asks for that only after a goroutine has run for 10ms: with as
-// many Ps as cores, a few looping requests would hold every P for such
-// slices until their deadlines, and everything else would wait in between.
-// The runtime caps running calls at calls (MaxConcurrentCalls), so with
-// that many extra Ps looping modules never hold every P, and the kernel
-// shares the cores between their threads and the rest. An explicit
-// GOMAXPROCS in the environment is left alone.
-func wasmHeadroom(calls int, logger *slog.Logger) {
+// wasmHeadroom returns the wasm runtime's LongCalls hook, which gives the
+// process one more P (GOMAXPROCS) per module call running long, and takes
+// them back once those calls end. A module's code can be preempted by the
+// Go scheduler only at the yields its time checks make (transforms/wasm:
+// bound.go), and the scheduler asks for that only after a goroutine has run
+// for 10ms: with as many Ps as cores, a few looping requests would hold
+// every P for such slices until their deadlines, and everything else would
+// wait in between. With a P more per long call (at most
+// MaxConcurrentCalls of them run), looping modules never hold every P for
+// long, and the kernel shares the cores between their threads and the rest.
+// Extra Ps are not kept when no call runs long: idle Ps cost every request
+// scheduler work (spinning threads woken to look for work). The hook is
+// nil, and GOMAXPROCS left alone, when GOMAXPROCS is set in the
+// environment.
+func wasmHeadroom(logger *slog.Logger) func(n int) {
 	base := runtime.GOMAXPROCS(0)
 	if v, ok := os.LookupEnv("GOMAXPROCS"); ok {
-		logger.Info("GOMAXPROCS is set in the environment; not adding headroom for transform module calls", "gomaxprocs", base, "env", v, "max_concurrent_calls", calls)
-		return
+		logger.Info("GOMAXPROCS is set in the environment; no Ps will be added while transform module calls run long", "gomaxprocs", base, "env", v)
+		return nil
 	}
-	runtime.GOMAXPROCS(base + calls)
-	logger.Info("GOMAXPROCS raised so that transform module calls, which the Go scheduler preempts only every 10ms, never hold every P",
-		"gomaxprocs", base+calls, "was", base, "max_concurrent_calls", calls)
+	var once sync.Once
+	return func(n int) {
+		runtime.GOMAXPROCS(base + n)
+		if n > 0 {
+			once.Do(func() {
+				logger.Info("transform module calls are running long: GOMAXPROCS is raised by one per such call while they run, so that they never hold every P",
+					"gomaxprocs", base+n, "base", base)
+			})
+		}
+		logger.Debug("GOMAXPROCS set for long transform module calls", "gomaxprocs", base+n, "long_calls", n)
+	}
 }
 
 func serveMetrics(ctx context.Context, ln net.Listener, reg *prometheus.Registry, logger *slog.Logger) {

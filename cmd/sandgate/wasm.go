@@ -74,8 +74,9 @@ func wasmConfigFlag() cli.Flag {
 	return &cli.StringFlag{Name: "config", Usage: "the module's `CONFIG`: the text itself, or @FILE to read it from FILE"}
 }
 
-// newWasmRuntime builds the runtime from the wasm flags.
-func newWasmRuntime(c *cli.Context, logger *slog.Logger) (*wasm.Runtime, error) {
+// newWasmRuntime builds the runtime from the wasm flags. longCalls, when
+// not nil, is the runtime's Config.LongCalls.
+func newWasmRuntime(c *cli.Context, logger *slog.Logger, longCalls func(n int)) (*wasm.Runtime, error) {
 	pages := c.Uint("wasm-memory-pages")
 	if pages == 0 || pages > 65536 {
 		return nil, badInput("--wasm-memory-pages: %d is out of range; give 1 to 65536 pages of 64 KiB", pages)
@@ -92,6 +93,7 @@ func newWasmRuntime(c *cli.Context, logger *slog.Logger) (*wasm.Runtime, error) 
 		CallTimeout:      c.Duration("wasm-call-timeout"),
 		MaxBodyBytes:     c.Int("wasm-max-body"),
 		Logger:           logger,
+		LongCalls:        longCalls,
 	})
 	if err != nil {
 		return nil, badInput("--wasm-cache-dir: %v", err)
@@ -154,7 +156,7 @@ func loadOne(c *cli.Context, logger *slog.Logger) (*wasm.Runtime, *wasm.Module, 
 	if err != nil {
 		return nil, nil, badInput("--config: %v", err)
 	}
-	r, err := newWasmRuntime(c, logger)
+	r, err := newWasmRuntime(c, logger, nil)
 	if err != nil {
 		return nil, nil, err
 	}

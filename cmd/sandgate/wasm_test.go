@@ -4,10 +4,13 @@ import (
 	"bufio"
 	"encoding/json"
 	"io"
+	"log/slog"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -179,5 +182,37 @@ func TestProxyTransformModule(t *testing.T) {
 	audit, _ := os.ReadFile(auditLog)
 	if !strings.Contains(string(audit), `"notes":["probe: tagged"]`) {
 		t.Errorf("audit log lacks the note:\n%s", audit)
+	}
+}
+
+// The proxy's headroom for long module calls: one more P per call running
+// long, back to the cores' number once they end; nothing when GOMAXPROCS
+// is set in the environment.
+func TestWasmHeadroomFollowsLongCalls(t *testing.T) {
+	base := runtime.GOMAXPROCS(0)
+	defer runtime.GOMAXPROCS(base)
+	orig, had := os.LookupEnv("GOMAXPROCS")
+	t.Cleanup(func() {
+		if had {
+			os.Setenv("GOMAXPROCS", orig)
+		} else {
+			os.Unsetenv("GOMAXPROCS")
+		}
+	})
+	os.Unsetenv("GOMAXPROCS")
+	logger := slog.New(slog.DiscardHandler)
+	hook := wasmHeadroom(logger)
+	if hook == nil {
+		t.Fatal("no hook without GOMAXPROCS in the environment")
+	}
+	for _, n := range []int{2, 1, 0} {
+		hook(n)
+		if got := runtime.GOMAXPROCS(0); got != base+n {
+			t.Fatalf("after %d long calls GOMAXPROCS is %d, want %d", n, got, base+n)
+		}
+	}
+	os.Setenv("GOMAXPROCS", strconv.Itoa(base))
+	if wasmHeadroom(logger) != nil {
+		t.Fatal("a hook although GOMAXPROCS is set in the environment")
 	}
 }

@@ -44,6 +44,14 @@ type Config struct {
 	// and looping guests never hold every P. A call waits for a slot,
 	// bounded by its request's context and PoolWait (then 503).
 	MaxConcurrentCalls int
+	// LongCalls, when set, is told how many calls are running long — for
+	// more than the watchdog's tick (CallTimeout/10, between 1 and 10 ms) —
+	// each time that number changes, and 0 once they have ended. It is
+	// called from the watchdog's goroutine and must not block for long. A
+	// call that returns in microseconds never counts. `sandgate proxy` uses
+	// it to give the process more Ps only while guests loop or run long
+	// (see README.md, "Sandboxing and failure").
+	LongCalls func(n int)
 	// StartTimeout bounds instantiating a guest (its _initialize); default 5s.
 	StartTimeout time.Duration
 	// PoolSize caps the instances of one module alive at once (in use or
@@ -163,7 +171,7 @@ func NewRuntime(ctx context.Context, cfg Config) (*Runtime, error) {
 		rc = rc.WithCompilationCache(cache)
 	}
 	r := &Runtime{cfg: cfg, wr: wazero.NewRuntimeWithConfig(ctx, rc), cache: cache, compiled: map[[32]byte]*compiledEntry{},
-		wd: newWatchdog(cfg.CallTimeout), callSlots: make(chan struct{}, cfg.MaxConcurrentCalls)}
+		wd: newWatchdog(cfg.CallTimeout, cfg.LongCalls), callSlots: make(chan struct{}, cfg.MaxConcurrentCalls)}
 	if _, err := wasi_snapshot_preview1.Instantiate(ctx, r.wr); err != nil {
 		r.Close(ctx)
 		return nil, fmt.Errorf("wasm: instantiating WASI: %w", err)

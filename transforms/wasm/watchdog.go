@@ -44,6 +44,7 @@ type callCtx struct {
 	mu       sync.Mutex
 	err      error           // why the instance was stopped; nil while it may run
 	deadline int64           // monotonic nanoseconds (since the watchdog's epoch); 0 when no call runs
+	started  int64           // when the running call began, in the same clock
 	req      context.Context // the running call's request context
 }
 
@@ -121,6 +122,11 @@ type watchdog struct {
 	mu    sync.Mutex
 	insts map[*callCtx]struct{} // every live instance's context
 
+	// onLong (Config.LongCalls) is told the number of calls running for
+	// more than a tick when it changes; long is the last number told.
+	onLong func(n int)
+	long   int
+
 	calls  atomic.Uint64 // calls started, so that a tick sees short calls
 	parked atomic.Bool
 	wake   chan struct{} // capacity 1
@@ -133,8 +139,9 @@ type watchdog struct {
 // shorten it before making a Runtime.
 var parkAfter = time.Second
 
-func newWatchdog(callTimeout time.Duration) *watchdog {
+func newWatchdog(callTimeout time.Duration, onLong func(n int)) *watchdog {
 	w := &watchdog{
+		onLong: onLong,
 		// The tick bounds how late a deadline is enforced: a tenth of the
 		// time limit, between 1 ms and 10 ms.
 		tick:      min(max(callTimeout/10, time.Millisecond), 10*time.Millisecond),
@@ -172,7 +179,8 @@ func (w *watchdog) begin(c *callCtx, req context.Context, st *callState, d time.
 	c.mu.Lock()
 	ok := c.err == nil
 	if ok {
-		c.deadline, c.req = w.now()+int64(d), req
+		now := w.now()
+		c.deadline, c.started, c.req = now+int64(d), now, req
 	}
 	c.mu.Unlock()
 	w.calls.Add(1)
@@ -204,6 +212,11 @@ func (w *watchdog) close() {
 
 func (w *watchdog) run() {
 	defer close(w.done)
+	defer func() {
+		if w.long != 0 { // the runtime closed under long calls
+			w.onLong(0)
+		}
+	}()
 	t := time.NewTimer(w.tick)
 	defer t.Stop()
 	last, idle := w.calls.Load(), time.Duration(0)
@@ -213,7 +226,11 @@ func (w *watchdog) run() {
 			return
 		case <-t.C:
 		}
-		busy := w.scan()
+		busy, long := w.scan()
+		if long != w.long && w.onLong != nil {
+			w.long = long
+			w.onLong(long)
+		}
 		if n := w.calls.Load(); n != last || busy {
 			last, idle = n, 0
 		} else if idle += w.tick; idle >= w.parkAfter {
@@ -234,8 +251,9 @@ func (w *watchdog) run() {
 }
 
 // scan stops every call past its deadline or whose request ended, and
-// reports whether any call is running.
-func (w *watchdog) scan() (busy bool) {
+// reports whether any call is running and how many have run for more than
+// a tick.
+func (w *watchdog) scan() (busy bool, long int) {
 	now := w.now()
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -243,6 +261,9 @@ func (w *watchdog) scan() (busy bool) {
 		c.mu.Lock()
 		if c.deadline != 0 && c.err == nil {
 			busy = true
+			if now-c.started > int64(w.tick) {
+				long++
+			}
 			switch {
 			case now > c.deadline:
 				c.stopLocked(context.DeadlineExceeded)
@@ -252,7 +273,7 @@ func (w *watchdog) scan() (busy bool) {
 		}
 		c.mu.Unlock()
 	}
-	return busy
+	return busy, long
 }
 
 // acquireCall takes one of the runtime's MaxConcurrentCalls slots, waiting

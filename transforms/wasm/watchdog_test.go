@@ -113,3 +113,33 @@ func waitCallRunning(t *testing.T, r *Runtime) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// Config.LongCalls hears of a looping call while it runs, and of none once
+// it was stopped.
+func TestLongCallsReported(t *testing.T) {
+	reports := make(chan int, 64)
+	r := newRuntime(t, Config{CallTimeout: 200 * time.Millisecond, LongCalls: func(n int) {
+		select {
+		case reports <- n:
+		default:
+		}
+	}})
+	looper := probe(t, r, "req if X-Loop loop")
+	_, err := run(t, outbound(t, "GET", "/", "", "X-Loop", "1"), looper)
+	if err == nil || !strings.Contains(err.Error(), "ran past its 200ms time limit") {
+		t.Fatalf("got %v, want the time limit", err)
+	}
+	var seen []int
+	timeout := time.After(time.Minute)
+	for len(seen) == 0 || seen[len(seen)-1] != 0 {
+		select {
+		case n := <-reports:
+			seen = append(seen, n)
+		case <-timeout:
+			t.Fatalf("LongCalls heard %v in a minute, want 1 then 0", seen)
+		}
+	}
+	if len(seen) != 2 || seen[0] != 1 {
+		t.Fatalf("LongCalls heard %v, want [1 0]", seen)
+	}
+}
