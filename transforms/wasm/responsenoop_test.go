@@ -8,6 +8,28 @@ import (
 	"testing"
 )
 
+// loadRun loads bin with config and runs one request through it: the module
+// and the exchange (both closed at cleanup), and the request as the module
+// left it. A handle_request error fails the test.
+func loadRun(t *testing.T, r *Runtime, name string, bin, config []byte) (*Module, *Exchange, *http.Request) {
+	t.Helper()
+	m, err := r.Load(context.Background(), name, bin, config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close(context.Background()) })
+	req := outbound(t, "GET", "/v1/x", "")
+	x, err := run(t, req, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m, x, req
+}
+
+func okResponse() *http.Response {
+	return &http.Response{StatusCode: 200, Header: http.Header{}, Body: http.NoBody}
+}
+
 // A module built with package guest that registers no response handler
 // says so (sandgate_response_noop): a request gives its instance back as
 // soon as handle_request returns, instead of keeping it while the upstream
@@ -24,26 +46,15 @@ func TestInstanceGivenBackWhenResponseHandlerIsNone(t *testing.T) {
 		{"response", true, "1"},
 	} {
 		t.Run(tc.mode, func(t *testing.T) {
-			ctx := context.Background()
-			m, err := r.Load(ctx, tc.mode, bin, []byte(tc.mode))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer m.Close(ctx)
-			req, _ := http.NewRequest("GET", "https://api.example.com/v1/x", nil)
-			x, err := HandleRequest(ctx, req, info, NewChain(m))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer x.Close()
+			m, x, req := loadRun(t, r, tc.mode, bin, []byte(tc.mode))
 			if got := req.Header.Get("X-Req"); got != tc.mode {
 				t.Fatalf("handle_request did not run: X-Req = %q", got)
 			}
 			if idle := m.Idle(); idle != 1 != tc.held {
 				t.Fatalf("after handle_request the pool has %d idle instance(s); held for the response pass: want %v", idle, tc.held)
 			}
-			resp := &http.Response{StatusCode: 200, Header: http.Header{}, Body: http.NoBody}
-			if err := x.HandleResponse(ctx, resp); err != nil {
+			resp := okResponse()
+			if err := x.HandleResponse(context.Background(), resp); err != nil {
 				t.Fatal(err)
 			}
 			if got := resp.Header.Get("X-Resp"); got != tc.wantResp {
@@ -62,15 +73,12 @@ func TestInstanceGivenBackWhenResponseHandlerIsNone(t *testing.T) {
 // panics instead, and the request fails closed.
 func TestLateResponseHandlerFailsTheRequest(t *testing.T) {
 	r := newRuntime(t, Config{CallTimeout: normalCallTimeout})
-	ctx := context.Background()
-	m, err := r.Load(ctx, "late", guest(t, "libresponse"), []byte("late"))
+	m, err := r.Load(context.Background(), "late", guest(t, "libresponse"), []byte("late"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer m.Close(ctx)
-	req, _ := http.NewRequest("GET", "https://api.example.com/v1/x", nil)
-	x, err := HandleRequest(ctx, req, info, NewChain(m))
-	defer x.Close()
+	defer m.Close(context.Background())
+	_, err = run(t, outbound(t, "GET", "/v1/x", ""), m)
 	var we *Error
 	if !errors.As(err, &we) || we.Status != http.StatusBadGateway || !strings.Contains(err.Error(), "register the response handler while the module initialises") {
 		t.Fatalf("got %v, want a 502 with the library's reason", err)
@@ -82,7 +90,6 @@ func TestLateResponseHandlerFailsTheRequest(t *testing.T) {
 // called when it answers 1, and is when it answers 0.
 func TestResponseNoopExport(t *testing.T) {
 	r := newRuntime(t, Config{CallTimeout: normalCallTimeout})
-	ctx := context.Background()
 	module := func(answer []byte, results []byte) []byte {
 		m := handler(opI64Const1...)
 		m.funcs[1].body = opUnreachable // handle_response traps if called
@@ -100,24 +107,14 @@ func TestResponseNoopExport(t *testing.T) {
 		{"not-noop", module([]byte{0x41, 0x00}, []byte{tI32}), "trapped in handle_response"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			m, err := r.Load(ctx, tc.name, tc.bin, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer m.Close(ctx)
-			req, _ := http.NewRequest("GET", "https://api.example.com/v1/x", nil)
-			x, err := HandleRequest(ctx, req, info, NewChain(m))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer x.Close()
-			err = x.HandleResponse(ctx, &http.Response{StatusCode: 200, Header: http.Header{}, Body: http.NoBody})
+			_, x, _ := loadRun(t, r, tc.name, tc.bin, nil)
+			err := x.HandleResponse(context.Background(), okResponse())
 			if tc.wantErr == "" && err != nil || tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)) {
 				t.Fatalf("HandleResponse: %v, want %q", err, tc.wantErr)
 			}
 		})
 	}
-	_, err := r.Load(ctx, "badtype", module([]byte{0x42, 0x01}, []byte{tI64}), nil)
+	_, err := r.Load(context.Background(), "badtype", module([]byte{0x42, 0x01}, []byte{tI64}), nil)
 	if err == nil || !strings.Contains(err.Error(), "exports sandgate_response_noop with type () -> (i64); sandgate's is () -> i32") {
 		t.Fatalf("got %v, want a refusal naming sandgate_response_noop's type", err)
 	}
