@@ -76,6 +76,8 @@ type instance struct {
 	// broken is set when the instance failed or was stopped: put closes it
 	// instead of pooling it.
 	broken bool
+	// idleSince is when the instance last went back to the pool.
+	idleSince time.Time
 }
 
 // LoadFile loads the module in the file at path, named after the file
@@ -383,19 +385,41 @@ func (m *Module) borrow(ctx context.Context) (*instance, error) {
 	return inst, nil
 }
 
+// poolIdleTTL is how long an instance may sit unused in the pool while the
+// module keeps serving: a burst of requests in flight starts up to PoolSize
+// instances, and those the traffic after it does not need are closed as
+// instances are returned. Tests shorten it.
+var poolIdleTTL = 30 * time.Second
+
 // put returns an instance to the pool after use, or closes it if it is
 // broken (it failed, or the watchdog stopped it): a broken instance never
-// serves again.
+// serves again. The pool is a stack (borrow takes the last one returned),
+// so the instances at its bottom are the ones left unused longest; those
+// unused for poolIdleTTL are closed, keeping at least one.
 func (m *Module) put(inst *instance) {
+	var stale []*instance
 	m.mu.Lock()
 	if m.done || inst.broken {
 		m.mu.Unlock()
 		m.closeInstance(inst)
 	} else {
+		now := time.Now()
+		inst.idleSince = now
 		m.idle = append(m.idle, inst)
+		n := 0
+		for n < len(m.idle)-1 && now.Sub(m.idle[n].idleSince) > poolIdleTTL {
+			n++
+		}
+		if n > 0 {
+			stale = slices.Clone(m.idle[:n])
+			m.idle = slices.Delete(m.idle, 0, n)
+		}
 		m.mu.Unlock()
 	}
 	<-m.slots
+	for _, old := range stale {
+		m.closeInstance(old)
+	}
 }
 
 // closeInstance closes an instance that no call runs on.

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 )
 
 // loadRun loads bin with config and runs one request through it: the module
@@ -117,5 +118,43 @@ func TestResponseNoopExport(t *testing.T) {
 	_, err := r.Load(context.Background(), "badtype", module([]byte{0x42, 0x01}, []byte{tI64}), nil)
 	if err == nil || !strings.Contains(err.Error(), "exports sandgate_response_noop with type () -> (i64); sandgate's is () -> i32") {
 		t.Fatalf("got %v, want a refusal naming sandgate_response_noop's type", err)
+	}
+}
+
+// Instances a burst of requests in flight started, and that the traffic
+// after it does not use, are closed once they sat unused for poolIdleTTL;
+// the pool keeps at least one.
+func TestPoolClosesInstancesLeftUnused(t *testing.T) {
+	old := poolIdleTTL
+	poolIdleTTL = 5 * time.Millisecond
+	t.Cleanup(func() { poolIdleTTL = old })
+	r := newRuntime(t, Config{CallTimeout: normalCallTimeout})
+	m, err := r.Load(context.Background(), "response", guest(t, "libresponse"), []byte("response"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close(context.Background()) })
+	var burst []*Exchange // three requests in flight: three instances held
+	for range 3 {
+		x, err := run(t, outbound(t, "GET", "/v1/x", ""), m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		burst = append(burst, x)
+	}
+	for _, x := range burst {
+		x.Close()
+	}
+	if n := m.Idle(); n != 3 {
+		t.Fatalf("after the burst the pool has %d idle instances, want 3", n)
+	}
+	time.Sleep(10 * poolIdleTTL)
+	x, err := run(t, outbound(t, "GET", "/v1/x", ""), m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	x.Close()
+	if n := m.Idle(); n != 1 {
+		t.Fatalf("after one request past the idle limit the pool has %d idle instances, want 1 (the two left unused closed)", n)
 	}
 }

@@ -56,7 +56,8 @@ type Config struct {
 	StartTimeout time.Duration
 	// PoolSize caps the instances of one module alive at once (in use or
 	// idle); default 8×GOMAXPROCS, at least 16. Instances start on demand
-	// (a Go guest's is about 3 MiB of linear memory). A request keeps its
+	// (a Go guest's is about 3 MiB of linear memory), and those left
+	// unused for 30 s while the module serves are closed. A request keeps its
 	// instance from handle_request until its response pass, across the
 	// upstream's time to its response headers (seconds for a model call),
 	// so the cap is on requests in flight through a module with a response
