@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
+	"io/fs"
 	"net/http"
 	"net/url"
 	"os"
@@ -19,6 +20,7 @@ import (
 	"time"
 
 	"github.com/sandgate/sandgate/api/client"
+	"github.com/sandgate/sandgate/snapshot"
 )
 
 // 1. A template whose setup installs a package from the registry
@@ -234,6 +236,50 @@ func testCredentialSwappedOutside(t *testing.T, tg *target) {
 		}
 		if bytes.Contains(b, []byte(canary)) {
 			t.Errorf("the audit log holds the real credential")
+		}
+		// The layer the sandbox is saved as: suspended, every object in
+		// the store, decompressed, holds what the sandbox wrote (the
+		// placeholder in its files) and never the real credential.
+		p.Kill(ctx(t))
+		if err := tg.c.Suspend(ctx(t), s.ID()); err != nil {
+			t.Fatalf("suspend: %v", err)
+		}
+		var store string
+		for _, e := range tg.srv.env {
+			if v, ok := strings.CutPrefix(e, "SNAPSHOT_DIRECTORY="); ok {
+				store = v
+			}
+		}
+		placeholders := 0
+		err = filepath.WalkDir(store, func(path string, d fs.DirEntry, err error) error {
+			if err != nil || !d.Type().IsRegular() {
+				return err
+			}
+			f, err := os.Open(path)
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			r, err := snapshot.Decompress(f)
+			if err != nil {
+				return fmt.Errorf("%s: %w", path, err)
+			}
+			defer r.Close()
+			b, err := io.ReadAll(r)
+			if err != nil {
+				return fmt.Errorf("%s: %w", path, err)
+			}
+			placeholders += bytes.Count(b, []byte(placeholder))
+			if bytes.Contains(b, []byte(canary)) {
+				t.Errorf("the snapshot store's %s holds the real credential", strings.TrimPrefix(path, store))
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatalf("reading the snapshot store: %v", err)
+		}
+		if placeholders == 0 {
+			t.Errorf("no object in the snapshot store %s holds the placeholder the sandbox wrote to its files: the search does not cover the saved layer", store)
 		}
 	}
 }
