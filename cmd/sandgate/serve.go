@@ -245,8 +245,13 @@ func runServe(c *cli.Context) error {
 		if st, err = store.OpenGCS(ctx, b, ""); err != nil {
 			return fmt.Errorf("SNAPSHOT_BUCKET %s: %w", b, err)
 		}
-	} else if st, err = store.NewDir(c.String("snapshot-dir")); err != nil {
-		return badInput("SNAPSHOT_DIRECTORY %s: %v", c.String("snapshot-dir"), err)
+	} else {
+		d, err := store.NewDir(c.String("snapshot-dir"))
+		if err != nil {
+			return badInput("SNAPSHOT_DIRECTORY %s: %v", c.String("snapshot-dir"), err)
+		}
+		st = d
+		go removeStaleUploads(ctx, d, logger)
 	}
 	defer st.Close()
 	state := c.String("state-dir")
@@ -322,4 +327,21 @@ func storeName(c *cli.Context) string {
 	}
 	abs, _ := filepath.Abs(c.String("snapshot-dir"))
 	return abs
+}
+
+// staleUploadAge is how long a directory store's temporary file of an
+// unfinished put must have gone unwritten before serve removes it.
+const staleUploadAge = time.Hour
+
+// removeStaleUploads removes, once at startup, what puts interrupted by a
+// crash left in the directory store (whole layers, possibly), and says so.
+func removeStaleUploads(ctx context.Context, d *store.Dir, logger *slog.Logger) {
+	files, size, err := d.RemoveStale(ctx, staleUploadAge)
+	if err != nil && ctx.Err() == nil {
+		logger.Warn("could not clean the snapshot directory of unfinished uploads", "err", err, "removed", files)
+		return
+	}
+	if files > 0 {
+		logger.Info("removed unfinished uploads left in the snapshot directory by an earlier crash", "files", files, "bytes", size)
+	}
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net/http"
 	"os"
 	"os/exec"
@@ -217,5 +218,44 @@ func TestImageServesWithCloudRunEnvironment(t *testing.T) {
 	go func() { io.Copy(io.Discard, stderr) }()
 	if err := cmd.Wait(); err != nil {
 		t.Errorf("after SIGTERM: %v", err)
+	}
+}
+
+// At startup serve removes what puts interrupted by a crash left in its
+// directory store, and nothing a put may still be writing.
+func TestServeRemovesUnfinishedUploads(t *testing.T) {
+	t.Parallel()
+	env := serveEnv(t)
+	var storeDir string
+	for _, e := range env {
+		if v, ok := strings.CutPrefix(e, "SNAPSHOT_DIRECTORY="); ok {
+			storeDir = v
+		}
+	}
+	snaps := filepath.Join(storeDir, "snapshots", "sb-1")
+	if err := os.MkdirAll(snaps, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	stale, fresh := filepath.Join(snaps, ".tmp-x.tar.zst-01"), filepath.Join(snaps, ".tmp-y.tar.zst-02")
+	os.WriteFile(stale, []byte("half a layer"), 0o644)
+	os.WriteFile(fresh, []byte("being written"), 0o644)
+	long := time.Now().Add(-2 * staleUploadAge)
+	if err := os.Chtimes(stale, long, long); err != nil {
+		t.Fatal(err)
+	}
+	var log bytes.Buffer
+	startServe(t, env, &log)
+	deadline := time.Now().Add(time.Minute)
+	for {
+		if _, err := os.Stat(stale); errors.Is(err, fs.ErrNotExist) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("serve did not remove the unfinished upload within a minute of listening")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if _, err := os.Stat(fresh); err != nil {
+		t.Errorf("serve removed a temporary file a put may still be writing: %v", err)
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strings"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -317,6 +318,46 @@ func (d *Dir) List(ctx context.Context, prefix string) ([]Info, error) {
 	}
 	slices.SortFunc(out, func(a, b Info) int { return strings.Compare(a.Name, b.Name) })
 	return out, nil
+}
+
+// RemoveStale removes the temporary files of puts that never finished (the
+// process died mid-put) and were last written more than olderThan ago: a
+// put in progress writes its file continuously, and one that stalls that
+// long fails at its rename instead of leaving a partial object. It returns
+// how many files and bytes it removed; it stops at ctx's end.
+func (d *Dir) RemoveStale(ctx context.Context, olderThan time.Duration) (files int, bytes int64, err error) {
+	cutoff := time.Now().Add(-olderThan)
+	err = fs.WalkDir(d.root.FS(), ".", func(p string, e fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if !e.Type().IsRegular() || !strings.HasPrefix(e.Name(), ".tmp-") {
+			return nil
+		}
+		fi, err := e.Info()
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) { // renamed into place meanwhile
+				return nil
+			}
+			return err
+		}
+		if fi.ModTime().After(cutoff) {
+			return nil
+		}
+		if err := d.root.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+		files++
+		bytes += fi.Size()
+		return nil
+	})
+	if err != nil {
+		return files, bytes, fmt.Errorf("dir store: removing stale temporary files: %w", err)
+	}
+	return files, bytes, nil
 }
 
 func (d *Dir) mapErr(op, name string, err error) error {

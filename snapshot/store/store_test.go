@@ -5,10 +5,12 @@ import (
 	"context"
 	"errors"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/fsouza/fake-gcs-server/fakestorage"
 	"github.com/sandgate/sandgate/internal/gcstest"
@@ -301,6 +303,42 @@ func TestDirCrashLeftovers(t *testing.T) {
 	}
 	if _, err := s.Stat(context.Background(), "snapshots/a.tar.zst"); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("stat: %v", err)
+	}
+}
+
+// A crashed put's temporary file is removed once it is old enough; a
+// recent one (a put that may still be running) and every object stay.
+func TestDirRemoveStale(t *testing.T) {
+	dir := t.TempDir()
+	s, err := store.NewDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx := context.Background()
+	if _, err := s.Put(ctx, "snapshots/kept.tar.zst", strings.NewReader("object"), store.PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	old := filepath.Join(dir, "snapshots", ".tmp-a.tar.zst-0123")
+	fresh := filepath.Join(dir, "snapshots", ".tmp-b.tar.zst-4567")
+	os.WriteFile(old, []byte("half a layer"), 0o644)
+	os.WriteFile(fresh, []byte("being written"), 0o644)
+	hourAgo := time.Now().Add(-2 * time.Hour)
+	if err := os.Chtimes(old, hourAgo, hourAgo); err != nil {
+		t.Fatal(err)
+	}
+	files, size, err := s.RemoveStale(ctx, time.Hour)
+	if err != nil || files != 1 || size != int64(len("half a layer")) {
+		t.Fatalf("RemoveStale = %d files, %d bytes, %v; want 1 file of %d bytes", files, size, err, len("half a layer"))
+	}
+	if _, err := os.Stat(old); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the stale temporary file is still there: %v", err)
+	}
+	if _, err := os.Stat(fresh); err != nil {
+		t.Errorf("the recent temporary file was removed: %v", err)
+	}
+	if _, err := s.Stat(ctx, "snapshots/kept.tar.zst"); err != nil {
+		t.Errorf("the object: %v", err)
 	}
 }
 
