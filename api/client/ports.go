@@ -2,7 +2,6 @@ package client
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -11,6 +10,8 @@ import (
 	"strings"
 
 	"github.com/coder/websocket"
+
+	"github.com/sandgate/sandgate/internal/wsconn"
 )
 
 // DialPort connects to 127.0.0.1:port inside the sandbox through the
@@ -47,26 +48,5 @@ func (s *Session) DialPort(ctx context.Context, port int) (net.Conn, error) {
 	ws.SetReadLimit(-1) // a message is a slice of a byte stream: any size
 	// The connection outlives ctx, which bounds the dial: it ends when
 	// closed.
-	cctx, cancel := context.WithCancel(context.Background())
-	return &bridgeConn{Conn: websocket.NetConn(cctx, ws, websocket.MessageBinary), ws: ws, cancel: cancel}, nil
-}
-
-// bridgeConn is a TCP bridge connection. Close sends the close frame
-// before anything else: coder/websocket's NetConn Close first cancels the
-// context of a Read in progress, which may close the connection before
-// the frame is written, and the service would read an EOF for the end.
-type bridgeConn struct {
-	net.Conn
-	ws     *websocket.Conn
-	cancel context.CancelFunc
-}
-
-func (b *bridgeConn) Close() error {
-	err := b.ws.Close(websocket.StatusNormalClosure, "")
-	b.Conn.Close()
-	b.cancel()
-	if errors.Is(err, net.ErrClosed) {
-		err = nil
-	}
-	return err
+	return wsconn.New(ws), nil
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/sandgate/sandgate/internal/bulkcopy"
+	"github.com/sandgate/sandgate/internal/wsconn"
 )
 
 // tunnelTarget is protocol 1's pattern of a port tunnel's raw request
@@ -211,23 +212,6 @@ func (s *Server) tcpBridge(w http.ResponseWriter, r *http.Request) {
 	ws.SetReadLimit(-1) // a message is raw bytes of a stream: any size
 	release := s.portOpen(name, port)
 	defer release()
-	ctx, cancel = context.WithCancel(context.Background())
-	defer cancel()
-	conn := &wsNetConn{Conn: websocket.NetConn(ctx, ws, websocket.MessageBinary), ws: ws}
+	conn := wsconn.New(ws)
 	splice(conn, bufio.NewReader(conn), up)
-}
-
-// wsNetConn is a WebSocket as a net.Conn whose Close sends the close frame
-// before anything else. coder/websocket's own NetConn Close first cancels
-// the context of a Read in progress (the other direction of a splice), and
-// that cancellation may close the connection before the close frame is
-// written: the peer then reads an EOF where the stream's end should be.
-type wsNetConn struct {
-	net.Conn
-	ws *websocket.Conn
-}
-
-func (c *wsNetConn) Close() error {
-	c.ws.Close(websocket.StatusNormalClosure, "")
-	return c.Conn.Close()
 }

@@ -1,0 +1,41 @@
+// Package wsconn makes a WebSocket a net.Conn carrying a byte stream in
+// binary messages, whose Close ends the stream with a close frame: the TCP
+// bridge's connection on both its ends (api/server and api/client).
+package wsconn
+
+import (
+	"context"
+	"errors"
+	"net"
+
+	"github.com/coder/websocket"
+)
+
+// Conn is a WebSocket as a net.Conn. It lives until Close, whatever the
+// context its WebSocket was dialled or accepted with.
+type Conn struct {
+	net.Conn
+	ws     *websocket.Conn
+	cancel context.CancelFunc
+}
+
+// New returns ws as a Conn of binary messages.
+func New(ws *websocket.Conn) *Conn {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Conn{Conn: websocket.NetConn(ctx, ws, websocket.MessageBinary), ws: ws, cancel: cancel}
+}
+
+// Close sends the close frame before anything else. coder/websocket's own
+// NetConn Close first cancels the context of a Read in progress (the other
+// direction of a copy), and that cancellation may close the connection
+// before the close frame is written: the peer then reads an EOF where the
+// stream's end should be. Closing an already closed Conn returns nil.
+func (c *Conn) Close() error {
+	err := c.ws.Close(websocket.StatusNormalClosure, "")
+	c.Conn.Close()
+	c.cancel()
+	if errors.Is(err, net.ErrClosed) {
+		err = nil
+	}
+	return err
+}
