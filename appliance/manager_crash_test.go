@@ -150,7 +150,10 @@ func TestKilledDuringSaveRecovers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer st.Close()
+	// Closed after the manager below, whose cleanup saves and destroys
+	// the resumed sandbox through it (with a closed store the save fails
+	// and the sandbox is left running, past the test).
+	t.Cleanup(func() { st.Close() })
 	r.st = st
 	r.cfg.Store, r.cfg.WorkDir = st, work
 	probe := &Manager{st: st}
