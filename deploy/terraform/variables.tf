@@ -29,9 +29,9 @@ variable "bucket_name" {
 }
 
 variable "template_max_age_days" {
-  description = "Age after which objects under templates/ are deleted by a lifecycle rule; 0 for no rule. A sandbox suspended from a template whose layer the rule removed cannot be resumed: pick more days than sandboxes stay suspended."
+  description = "Age, counted from a template's creation, after which objects under templates/ are deleted by a lifecycle rule; 0 (the default) for no rule. The rule also removes templates still in use: a sandbox made from a template and suspended can then no longer be resumed (its snapshot is a delta onto the template's layer), however recently it was suspended. Set it only if every sandbox made from a template is resumed or destroyed within that many days of the template's creation."
   type        = number
-  default     = 90
+  default     = 0
 }
 
 variable "cpu" {
