@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"syscall"
+	"text/tabwriter"
 
 	"github.com/urfave/cli/v2"
 )
@@ -144,15 +145,24 @@ func noArgs(c *cli.Context, verb string) error {
 	return nil
 }
 
-// printJSONList writes list as an indented JSON array ([] when empty), as
-// the list verbs' --json do.
-func printJSONList[T any](w io.Writer, list []T) error {
-	if list == nil {
-		list = []T{}
+// printList writes what a list verb found: with --json an indented JSON
+// array ([] when empty), else a table with header's columns
+// (tab-separated) and row's for each item.
+func printList[T any](c *cli.Context, list []T, header string, row func(T) []string) error {
+	if c.Bool("json") {
+		if list == nil {
+			list = []T{}
+		}
+		enc := json.NewEncoder(c.App.Writer)
+		enc.SetIndent("", "  ")
+		return enc.Encode(list)
 	}
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(list)
+	tw := tabwriter.NewWriter(c.App.Writer, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, header)
+	for _, it := range list {
+		fmt.Fprintln(tw, strings.Join(row(it), "\t"))
+	}
+	return tw.Flush()
 }
 
 // interspersed applies flags written after the positional arguments

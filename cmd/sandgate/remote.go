@@ -12,7 +12,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"text/tabwriter"
 	"time"
 
 	"github.com/urfave/cli/v2"
@@ -357,26 +356,19 @@ func runList(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	if c.Bool("json") {
-		return printJSONList(c.App.Writer, infos)
-	}
-	tw := tabwriter.NewWriter(c.App.Writer, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tSTATE\tCREATED\tLAST ACTIVE\tTEMPLATE\tSNAPSHOT")
-	for _, in := range infos {
-		last, size := "-", "-"
+	return printList(c, infos, "NAME\tSTATE\tCREATED\tLAST ACTIVE\tTEMPLATE\tSNAPSHOT", func(in client.SandboxInfo) []string {
+		last, size, tmpl := "-", "-", "-"
 		if !in.LastActive.IsZero() {
 			last = ago(in.LastActive)
 		}
 		if in.LayerBytes > 0 {
 			size = human(in.LayerBytes)
 		}
-		tmpl := in.Template
-		if tmpl == "" {
-			tmpl = "-"
+		if in.Template != "" {
+			tmpl = in.Template
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", in.Name, in.State, ago(in.Created), last, tmpl, size)
-	}
-	return tw.Flush()
+		return []string{in.Name, string(in.State), ago(in.Created), last, tmpl, size}
+	})
 }
 
 // ago is a time as "3m ago".
@@ -460,15 +452,9 @@ func runTemplateLs(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	if c.Bool("json") {
-		return printJSONList(c.App.Writer, list)
-	}
-	tw := tabwriter.NewWriter(c.App.Writer, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tCREATED\tSIZE")
-	for _, t := range list {
-		fmt.Fprintf(tw, "%s\t%s\t%s\n", t.ID, ago(t.Created), human(t.LayerBytes))
-	}
-	return tw.Flush()
+	return printList(c, list, "ID\tCREATED\tSIZE", func(t client.TemplateInfo) []string {
+		return []string{t.ID, ago(t.Created), human(t.LayerBytes)}
+	})
 }
 
 func runTemplateRm(c *cli.Context) error {

@@ -7,7 +7,6 @@ import (
 	"os"
 	"strings"
 	"syscall"
-	"text/tabwriter"
 	"time"
 
 	"github.com/urfave/cli/v2"
@@ -425,8 +424,8 @@ func runSandboxDelete(c *cli.Context) error {
 }
 
 func runSandboxList(c *cli.Context) error {
-	if c.Args().Len() > 0 {
-		return badInput("sandbox list takes no arguments")
+	if err := noArgs(c, "sandbox list"); err != nil {
+		return err
 	}
 	m, err := sandboxRuntime(c)
 	if err != nil {
@@ -436,12 +435,7 @@ func runSandboxList(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	if c.Bool("json") {
-		return printJSONList(c.App.Writer, infos)
-	}
-	tw := tabwriter.NewWriter(c.App.Writer, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tSTATE\tPID\tCREATED")
-	for _, in := range infos {
+	return printList(c, infos, "ID\tSTATE\tPID\tCREATED", func(in localbox.Info) []string {
 		pid := "-"
 		if in.Pid > 0 {
 			pid = fmt.Sprint(in.Pid)
@@ -450,7 +444,6 @@ func runSandboxList(c *cli.Context) error {
 		if in.ExitCode != nil {
 			state = fmt.Sprintf("%s (%d)", state, *in.ExitCode)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", in.ID, state, pid, in.Created.Format(time.RFC3339))
-	}
-	return tw.Flush()
+		return []string{in.ID, state, pid, in.Created.Format(time.RFC3339)}
+	})
 }
