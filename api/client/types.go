@@ -158,7 +158,9 @@ type Module struct {
 }
 
 // AuditEvent is one egress decision of a sandbox: a CONNECT tunnel or a
-// routed request, allowed or refused, and why.
+// routed request, allowed or refused, and why. It mirrors the service's
+// relay/audit.Event field for field (a test keeps them equal), so that the
+// client does not bring in the service's audit package and its metrics.
 type AuditEvent struct {
 	Time       time.Time     `json:"time"`
 	Sandbox    string        `json:"sandbox"`
