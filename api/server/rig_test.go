@@ -7,31 +7,23 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"net/netip"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/sandgate/sandgate/api"
 	"github.com/sandgate/sandgate/appliance"
-	"github.com/sandgate/sandgate/internal/dnstest"
 	"github.com/sandgate/sandgate/internal/gobuild"
+	"github.com/sandgate/sandgate/internal/stacktest"
 	"github.com/sandgate/sandgate/internal/syncbuf"
 	"github.com/sandgate/sandgate/internal/tlstest"
-	"github.com/sandgate/sandgate/netpolicy"
-	"github.com/sandgate/sandgate/relay"
 	"github.com/sandgate/sandgate/relay/audit"
-	"github.com/sandgate/sandgate/snapshot/store"
 )
 
 func TestMain(m *testing.M) {
@@ -46,109 +38,50 @@ func TestMain(m *testing.M) {
 // it received.
 type rig struct {
 	t      *testing.T
+	stack  *stacktest.Stack
 	srv    *Server
 	hs     *httptest.Server
 	m      *appliance.Manager
-	st     store.Store
 	rings  *audit.Rings
 	ca     *tlstest.CA
-	state  string // the launcher's state directory
-	work   string
 	log    *syncbuf.Buffer
 	token  string
 	canary string
-
-	mu   sync.Mutex
-	seen []http.Header // what the upstream received
-}
-
-func skipUnlessSandboxes(t *testing.T) {
-	t.Helper()
-	if runtime.GOOS != "linux" {
-		t.Skip("sandboxes need Linux namespaces and overlayfs")
-	}
-	if os.Geteuid() != 0 {
-		t.Skip("sandboxes need root (namespaces, overlayfs, cgroups): run the tests as root")
-	}
 }
 
 func newRig(t *testing.T, tweak func(*Config)) *rig {
 	t.Helper()
-	skipUnlessSandboxes(t)
-	r := &rig{t: t, state: t.TempDir(), work: t.TempDir(), log: &syncbuf.Buffer{}, token: "test-token-" + t.Name()}
+	if ok, why := stacktest.CanRun(); !ok {
+		t.Skip(why)
+	}
+	st, err := stacktest.Start(stacktest.Config{Dir: t.TempDir(), Rings: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &rig{t: t, stack: st, m: st.Manager, rings: st.Rings, ca: st.CA, log: st.Log, token: "test-token-" + t.Name()}
 	var b [12]byte
 	rand.Read(b[:])
 	r.canary = "sk-canary-" + hex.EncodeToString(b[:])
-	logger := slog.New(slog.NewJSONHandler(r.log, nil))
-
-	dns := dnstest.Start(t)
-	r.ca = tlstest.MustCA(t)
-	up := r.ca.Server(t, http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		r.mu.Lock()
-		r.seen = append(r.seen, req.Header.Clone())
-		r.mu.Unlock()
-		// Echoes what it was sent: the scrub must hide the secret again.
-		fmt.Fprintf(w, "path=%s auth=%s key=%s", req.URL.Path, req.Header.Get("Authorization"), req.Header.Get("X-Api-Key"))
-	}), "api.example.com")
-	upAddr := tlstest.Addr(up)
-	dns.Set("api.example.com", upAddr)
-	res, err := netpolicy.NewDNSResolver(netpolicy.ResolverConfig{Servers: []string{dns.Addr}, Timeout: 10 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { res.Close() })
-	r.rings = audit.NewRings(100)
-	proxy, err := relay.New(relay.Config{
-		Decider:       &netpolicy.Decider{Resolver: res, DialTimeout: 5 * time.Second, AllowPrivate: []netip.Prefix{netip.PrefixFrom(upAddr, 32)}},
-		Audit:         audit.Multi{r.rings, audit.Logger{L: logger}},
-		UpstreamRoots: r.ca.Pool,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { proxy.Close() })
-	bin := gobuild.Sandgate(t)
-	l, err := appliance.NewLauncher(appliance.LauncherConfig{CLI: bin, AgentBinary: bin, StateDir: r.state})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if r.st, err = store.NewDir(t.TempDir()); err != nil {
-		t.Fatal(err)
-	}
-	r.m, err = appliance.NewManager(context.Background(), appliance.ManagerConfig{
-		Launcher: l, Proxy: proxy, Store: r.st, Version: "test", WorkDir: r.work, IdleSuspend: -1, Logger: logger,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	cfg := Config{
-		Manager: r.m, Token: r.token, Version: "test", Audit: r.rings, Logger: logger,
-		BaseURLs:   map[string]string{"ANTHROPIC_BASE_URL": "https://api.example.com"},
+		Manager: r.m, Token: r.token, Version: "test", Audit: r.rings, Logger: st.Logger,
+		BaseURLs:   map[string]string{"ANTHROPIC_BASE_URL": "https://" + stacktest.UpstreamHost},
 		EgressPort: 0, WaitTimeout: 2 * time.Second,
 	}
 	if tweak != nil {
 		tweak(&cfg)
 	}
 	if r.srv, err = New(cfg); err != nil {
+		st.Close()
 		t.Fatal(err)
 	}
 	r.hs = httptest.NewServer(r.srv)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		// Sandboxes first: their processes end, and with them the streams
-		// (exec, audit, tunnels) the HTTP server would wait for.
-		infos, _ := r.m.List(ctx)
-		for _, in := range infos {
-			r.m.Destroy(ctx, in.ID)
-		}
+		st.DestroyAll(ctx)
 		r.hs.Close()
 		r.srv.Close()
-		r.m.Close(ctx)
-		names, _ := l.ListTemplates(ctx) // mounted images: removed, or the state could not be
-		for _, n := range names {
-			l.RemoveTemplate(ctx, n)
-		}
+		st.Close()
 		r.noCanary()
 	})
 	return r
@@ -168,7 +101,7 @@ func (r *rig) noCanary() {
 			}
 		}
 	}
-	for _, dir := range []string{r.state, r.work} {
+	for _, dir := range []string{r.stack.StateDir, r.stack.WorkDir} {
 		filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
 			if err == nil && d.Type().IsRegular() {
 				if b, _ := os.ReadFile(p); bytes.Contains(b, []byte(r.canary)) {
@@ -293,8 +226,4 @@ func (r *rig) create(name string, body map[string]any) {
 }
 
 // upstreamSeen is what the upstream received so far.
-func (r *rig) upstreamSeen() []http.Header {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return append([]http.Header(nil), r.seen...)
-}
+func (r *rig) upstreamSeen() []http.Header { return r.stack.UpstreamSeen() }

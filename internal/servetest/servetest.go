@@ -1,8 +1,8 @@
 // Package servetest runs a real sandgate service on loopback for tests of
-// its clients: the HTTP server (api/server) over a lifecycle manager over
-// `sandgate sandbox`, the egress proxy with a loopback DNS server, and an
-// HTTPS upstream for api.example.com (a stand-in for a model API or a
-// package registry) that echoes the credential headers it received.
+// its clients: the HTTP server (api/server) over internal/stacktest's
+// stack (a lifecycle manager over `sandgate sandbox`, the egress proxy with
+// a loopback DNS server, and an HTTPS upstream for api.example.com that
+// echoes the credential headers it received).
 //
 // It needs what sandboxes need: Linux and root. Start takes no testing.TB,
 // so that a TestMain can start one service for a whole package (its
@@ -11,46 +11,24 @@ package servetest
 
 import (
 	"context"
-	"crypto/tls"
-	"errors"
 	"fmt"
-	"io"
-	"log"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"net/netip"
-	"os"
-	"runtime"
-	"sync"
 	"time"
 
 	"github.com/sandgate/sandgate/api/server"
 	"github.com/sandgate/sandgate/appliance"
-	"github.com/sandgate/sandgate/internal/dnstest"
-	"github.com/sandgate/sandgate/internal/gobuild"
+	"github.com/sandgate/sandgate/internal/stacktest"
 	"github.com/sandgate/sandgate/internal/syncbuf"
 	"github.com/sandgate/sandgate/internal/tlstest"
-	"github.com/sandgate/sandgate/netpolicy"
-	"github.com/sandgate/sandgate/relay"
-	"github.com/sandgate/sandgate/relay/audit"
-	"github.com/sandgate/sandgate/snapshot/store"
 )
 
 // UpstreamHost is the name the service's DNS server gives the HTTPS
 // upstream.
-const UpstreamHost = "api.example.com"
+const UpstreamHost = stacktest.UpstreamHost
 
 // CanRun says whether sandboxes can run here, and if not, why.
-func CanRun() (bool, string) {
-	if runtime.GOOS != "linux" {
-		return false, "sandboxes need Linux namespaces and overlayfs"
-	}
-	if os.Geteuid() != 0 {
-		return false, "sandboxes need root (namespaces, overlayfs, cgroups): run the tests as root"
-	}
-	return true, ""
-}
+func CanRun() (bool, string) { return stacktest.CanRun() }
 
 // Config tweaks the service. The zero value serves with a generated token.
 type Config struct {
@@ -73,21 +51,18 @@ type Service struct {
 	// Log is the service's log (JSON lines).
 	Log *syncbuf.Buffer
 
-	hs       *httptest.Server
-	srv      *server.Server
-	launcher *appliance.Launcher
-	closers  []func()
-
-	mu   sync.Mutex
-	seen []http.Header
+	stack *stacktest.Stack
+	hs    *httptest.Server
+	srv   *server.Server
 }
 
 // Start starts a service. Close it when done.
 func Start(cfg Config) (s *Service, err error) {
-	if ok, why := CanRun(); !ok {
-		return nil, errors.New(why)
+	st, err := stacktest.Start(stacktest.Config{})
+	if err != nil {
+		return nil, err
 	}
-	s = &Service{Log: &syncbuf.Buffer{}, Token: cfg.Token}
+	s = &Service{Token: cfg.Token, Manager: st.Manager, CA: st.CA, Log: st.Log, stack: st}
 	defer func() {
 		if err != nil {
 			s.Close()
@@ -99,98 +74,8 @@ func Start(cfg Config) (s *Service, err error) {
 	if cfg.Open {
 		s.Token = ""
 	}
-	logger := slog.New(slog.NewJSONHandler(s.Log, nil))
-	tmp, err := os.MkdirTemp("", "sandgate-servetest-")
-	if err != nil {
-		return nil, err
-	}
-	s.closers = append(s.closers, func() { os.RemoveAll(tmp) })
-	sub := func(name string) (string, error) {
-		d := tmp + "/" + name
-		return d, os.MkdirAll(d, 0o755)
-	}
-
-	dns, err := dnstest.New()
-	if err != nil {
-		return nil, err
-	}
-	s.closers = append(s.closers, func() { dns.Close() })
-	if s.CA, err = tlstest.NewCA(); err != nil {
-		return nil, err
-	}
-	leaf, err := s.CA.Leaf(UpstreamHost)
-	if err != nil {
-		return nil, err
-	}
-	ln, err := tlstest.ListenLoopback443()
-	if err != nil {
-		return nil, err
-	}
-	up := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		s.mu.Lock()
-		s.seen = append(s.seen, r.Header.Clone())
-		s.mu.Unlock()
-		// Echoes the credentials it got: the proxy must scrub them back
-		// to their placeholders on the way in.
-		fmt.Fprintf(w, "path=%s auth=%s key=%s", r.URL.Path, r.Header.Get("Authorization"), r.Header.Get("X-Api-Key"))
-	}))
-	up.Listener.Close()
-	up.Listener = ln
-	up.EnableHTTP2 = true
-	up.Config.ErrorLog = log.New(io.Discard, "", 0)
-	up.TLS = &tls.Config{Certificates: []tls.Certificate{leaf}}
-	up.StartTLS()
-	s.closers = append(s.closers, up.Close)
-	upAddr := netip.MustParseAddrPort(up.Listener.Addr().String()).Addr()
-	dns.Set(UpstreamHost, upAddr)
-
-	res, err := netpolicy.NewDNSResolver(netpolicy.ResolverConfig{Servers: []string{dns.Addr}, Timeout: 10 * time.Second})
-	if err != nil {
-		return nil, err
-	}
-	s.closers = append(s.closers, func() { res.Close() })
-	rings := audit.NewRings(200)
-	proxy, err := relay.New(relay.Config{
-		Decider:       &netpolicy.Decider{Resolver: res, DialTimeout: 5 * time.Second, AllowPrivate: []netip.Prefix{netip.PrefixFrom(upAddr, 32)}},
-		Audit:         audit.Multi{rings, audit.Logger{L: logger}},
-		UpstreamRoots: s.CA.Pool,
-	})
-	if err != nil {
-		return nil, err
-	}
-	s.closers = append(s.closers, func() { proxy.Close() })
-
-	bin, err := gobuild.SandgateBinary()
-	if err != nil {
-		return nil, err
-	}
-	state, err := sub("state")
-	if err != nil {
-		return nil, err
-	}
-	if s.launcher, err = appliance.NewLauncher(appliance.LauncherConfig{CLI: bin, AgentBinary: bin, StateDir: state}); err != nil {
-		return nil, err
-	}
-	storeDir, err := sub("store")
-	if err != nil {
-		return nil, err
-	}
-	st, err := store.NewDir(storeDir)
-	if err != nil {
-		return nil, err
-	}
-	work, err := sub("work")
-	if err != nil {
-		return nil, err
-	}
-	s.Manager, err = appliance.NewManager(context.Background(), appliance.ManagerConfig{
-		Launcher: s.launcher, Proxy: proxy, Store: st, Version: "test", WorkDir: work, IdleSuspend: -1, Logger: logger,
-	})
-	if err != nil {
-		return nil, err
-	}
 	scfg := server.Config{
-		Manager: s.Manager, Token: s.Token, Version: "test", Audit: rings, Logger: logger,
+		Manager: s.Manager, Token: s.Token, Version: "test", Audit: st.Rings, Logger: st.Logger,
 		BaseURLs:   map[string]string{"ANTHROPIC_BASE_URL": "https://" + UpstreamHost},
 		EgressPort: 0, WaitTimeout: 2 * time.Second,
 	}
@@ -207,24 +92,13 @@ func Start(cfg Config) (s *Service, err error) {
 }
 
 // UpstreamSeen is the headers of every request the upstream received.
-func (s *Service) UpstreamSeen() []http.Header {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return append([]http.Header(nil), s.seen...)
-}
+func (s *Service) UpstreamSeen() []http.Header { return s.stack.UpstreamSeen() }
 
 // Close destroys every sandbox and stops the service.
 func (s *Service) Close() {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if s.Manager != nil {
-		// Sandboxes first: their processes end, and with them the
-		// streams (exec, audit, tunnels) the HTTP server would wait for.
-		infos, _ := s.Manager.List(ctx)
-		for _, in := range infos {
-			s.Manager.Destroy(ctx, in.ID)
-		}
-	}
+	s.stack.DestroyAll(ctx)
 	if s.hs != nil {
 		s.hs.CloseClientConnections()
 		s.hs.Close()
@@ -232,16 +106,5 @@ func (s *Service) Close() {
 	if s.srv != nil {
 		s.srv.Close()
 	}
-	if s.Manager != nil {
-		s.Manager.Close(ctx)
-	}
-	if s.launcher != nil {
-		names, _ := s.launcher.ListTemplates(ctx) // mounted images: removed, or the state could not be
-		for _, n := range names {
-			s.launcher.RemoveTemplate(ctx, n)
-		}
-	}
-	for i := len(s.closers) - 1; i >= 0; i-- {
-		s.closers[i]()
-	}
+	s.stack.Close()
 }

@@ -1,0 +1,230 @@
+// Package stacktest starts, on loopback, what `sandgate serve` runs beneath
+// its HTTP server: a lifecycle manager over `sandgate sandbox` with a
+// directory store, the egress proxy with a loopback DNS server and
+// per-sandbox audit rings, and an HTTPS upstream for api.example.com (a
+// stand-in for a model API or a package registry) that echoes the
+// credential headers it received. internal/servetest puts the HTTP server
+// on top for clients' tests; api/server's own tests put theirs.
+//
+// It needs what sandboxes need: Linux and root. Start takes no testing.TB,
+// so that a TestMain can start one for a whole package.
+package stacktest
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sync"
+	"time"
+
+	"github.com/sandgate/sandgate/appliance"
+	"github.com/sandgate/sandgate/internal/dnstest"
+	"github.com/sandgate/sandgate/internal/gobuild"
+	"github.com/sandgate/sandgate/internal/syncbuf"
+	"github.com/sandgate/sandgate/internal/tlstest"
+	"github.com/sandgate/sandgate/netpolicy"
+	"github.com/sandgate/sandgate/relay"
+	"github.com/sandgate/sandgate/relay/audit"
+	"github.com/sandgate/sandgate/snapshot/store"
+)
+
+// UpstreamHost is the name the stack's DNS server gives the HTTPS
+// upstream.
+const UpstreamHost = "api.example.com"
+
+// CanRun says whether sandboxes can run here, and if not, why.
+func CanRun() (bool, string) {
+	if runtime.GOOS != "linux" {
+		return false, "sandboxes need Linux namespaces and overlayfs"
+	}
+	if os.Geteuid() != 0 {
+		return false, "sandboxes need root (namespaces, overlayfs, cgroups): run the tests as root"
+	}
+	return true, ""
+}
+
+// Config says where the stack keeps its files and how many audit events
+// per sandbox.
+type Config struct {
+	// Dir holds the launcher's state, the manager's work and the store,
+	// in subdirectories; "" makes a temporary one that Close removes. A
+	// Dir given is left in place.
+	Dir string
+	// Rings is the audit events kept per sandbox; 0 means 200.
+	Rings int
+}
+
+// Stack is a running stack. Close it when done.
+type Stack struct {
+	Manager  *appliance.Manager
+	Launcher *appliance.Launcher
+	Store    store.Store
+	Rings    *audit.Rings
+	// CA signed the upstream's certificate: a sandbox that speaks TLS to
+	// the upstream itself (through CONNECT) must trust it.
+	CA *tlstest.CA
+	// Log is what Logger wrote (JSON lines): the manager's and the
+	// proxy's audit log; give Logger to the server too.
+	Log    *syncbuf.Buffer
+	Logger *slog.Logger
+	// StateDir, WorkDir and StoreDir are the launcher's state, the
+	// manager's work and the store's directories.
+	StateDir, WorkDir, StoreDir string
+
+	closers []func()
+
+	mu   sync.Mutex
+	seen []http.Header
+}
+
+// Start starts a stack.
+func Start(cfg Config) (s *Stack, err error) {
+	if ok, why := CanRun(); !ok {
+		return nil, errors.New(why)
+	}
+	s = &Stack{Log: &syncbuf.Buffer{}}
+	defer func() {
+		if err != nil {
+			s.Close()
+		}
+	}()
+	s.Logger = slog.New(slog.NewJSONHandler(s.Log, nil))
+	dir := cfg.Dir
+	if dir == "" {
+		if dir, err = os.MkdirTemp("", "sandgate-stacktest-"); err != nil {
+			return nil, err
+		}
+		s.closers = append(s.closers, func() { os.RemoveAll(dir) })
+	}
+	s.StateDir, s.WorkDir, s.StoreDir = filepath.Join(dir, "state"), filepath.Join(dir, "work"), filepath.Join(dir, "store")
+	for _, d := range []string{s.StateDir, s.WorkDir, s.StoreDir} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return nil, err
+		}
+	}
+
+	dns, err := dnstest.New()
+	if err != nil {
+		return nil, err
+	}
+	s.closers = append(s.closers, func() { dns.Close() })
+	if s.CA, err = tlstest.NewCA(); err != nil {
+		return nil, err
+	}
+	leaf, err := s.CA.Leaf(UpstreamHost)
+	if err != nil {
+		return nil, err
+	}
+	ln, err := tlstest.ListenLoopback443()
+	if err != nil {
+		return nil, err
+	}
+	up := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.mu.Lock()
+		s.seen = append(s.seen, r.Header.Clone())
+		s.mu.Unlock()
+		// Echoes the credentials it got: the proxy must scrub them back
+		// to their placeholders on the way in.
+		fmt.Fprintf(w, "path=%s auth=%s key=%s", r.URL.Path, r.Header.Get("Authorization"), r.Header.Get("X-Api-Key"))
+	}))
+	up.Listener.Close()
+	up.Listener = ln
+	up.EnableHTTP2 = true
+	up.Config.ErrorLog = log.New(io.Discard, "", 0)
+	up.TLS = &tls.Config{Certificates: []tls.Certificate{leaf}}
+	up.StartTLS()
+	s.closers = append(s.closers, up.Close)
+	upAddr := netip.MustParseAddrPort(up.Listener.Addr().String()).Addr()
+	dns.Set(UpstreamHost, upAddr)
+
+	res, err := netpolicy.NewDNSResolver(netpolicy.ResolverConfig{Servers: []string{dns.Addr}, Timeout: 10 * time.Second})
+	if err != nil {
+		return nil, err
+	}
+	s.closers = append(s.closers, func() { res.Close() })
+	rings := cfg.Rings
+	if rings <= 0 {
+		rings = 200
+	}
+	s.Rings = audit.NewRings(rings)
+	proxy, err := relay.New(relay.Config{
+		Decider:       &netpolicy.Decider{Resolver: res, DialTimeout: 5 * time.Second, AllowPrivate: []netip.Prefix{netip.PrefixFrom(upAddr, 32)}},
+		Audit:         audit.Multi{s.Rings, audit.Logger{L: s.Logger}},
+		UpstreamRoots: s.CA.Pool,
+	})
+	if err != nil {
+		return nil, err
+	}
+	s.closers = append(s.closers, func() { proxy.Close() })
+
+	bin, err := gobuild.SandgateBinary()
+	if err != nil {
+		return nil, err
+	}
+	if s.Launcher, err = appliance.NewLauncher(appliance.LauncherConfig{CLI: bin, AgentBinary: bin, StateDir: s.StateDir}); err != nil {
+		return nil, err
+	}
+	if s.Store, err = store.NewDir(s.StoreDir); err != nil {
+		return nil, err
+	}
+	s.Manager, err = appliance.NewManager(context.Background(), appliance.ManagerConfig{
+		Launcher: s.Launcher, Proxy: proxy, Store: s.Store, Version: "test", WorkDir: s.WorkDir, IdleSuspend: -1, Logger: s.Logger,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// UpstreamSeen is the headers of every request the upstream received.
+func (s *Stack) UpstreamSeen() []http.Header {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]http.Header(nil), s.seen...)
+}
+
+// DestroyAll destroys every sandbox. An HTTP server over the manager is
+// stopped after it: the sandboxes' processes end, and with them the
+// streams (exec, audit, tunnels) the server would wait for.
+func (s *Stack) DestroyAll(ctx context.Context) {
+	if s.Manager == nil {
+		return
+	}
+	infos, _ := s.Manager.List(ctx)
+	for _, in := range infos {
+		s.Manager.Destroy(ctx, in.ID)
+	}
+}
+
+// Close stops the manager (saving what still runs), removes the templates
+// the launcher mounted (or its state could not be removed), and stops the
+// rest.
+func (s *Stack) Close() {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if s.Manager != nil {
+		s.Manager.Close(ctx)
+	}
+	if s.Launcher != nil {
+		names, _ := s.Launcher.ListTemplates(ctx)
+		for _, n := range names {
+			s.Launcher.RemoveTemplate(ctx, n)
+		}
+	}
+	if s.Store != nil {
+		s.Store.Close()
+	}
+	for i := len(s.closers) - 1; i >= 0; i-- {
+		s.closers[i]()
+	}
+}
