@@ -8,7 +8,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
-	"io/fs"
 	"net/http"
 	"net/url"
 	"os"
@@ -20,7 +19,7 @@ import (
 	"time"
 
 	"github.com/sandgate/sandgate/api/client"
-	"github.com/sandgate/sandgate/snapshot"
+	"github.com/sandgate/sandgate/internal/stacktest"
 )
 
 // 1. A template whose setup installs a package from the registry
@@ -251,29 +250,11 @@ func testCredentialSwappedOutside(t *testing.T, tg *target) {
 			}
 		}
 		placeholders := 0
-		err = filepath.WalkDir(store, func(path string, d fs.DirEntry, err error) error {
-			if err != nil || !d.Type().IsRegular() {
-				return err
-			}
-			f, err := os.Open(path)
-			if err != nil {
-				return err
-			}
-			defer f.Close()
-			r, err := snapshot.Decompress(f)
-			if err != nil {
-				return fmt.Errorf("%s: %w", path, err)
-			}
-			defer r.Close()
-			b, err := io.ReadAll(r)
-			if err != nil {
-				return fmt.Errorf("%s: %w", path, err)
-			}
+		err = stacktest.StoreObjects(store, func(name string, b []byte) {
 			placeholders += bytes.Count(b, []byte(placeholder))
 			if bytes.Contains(b, []byte(canary)) {
-				t.Errorf("the snapshot store's %s holds the real credential", strings.TrimPrefix(path, store))
+				t.Errorf("the snapshot store's %s holds the real credential", name)
 			}
-			return nil
 		})
 		if err != nil {
 			t.Fatalf("reading the snapshot store: %v", err)

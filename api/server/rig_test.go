@@ -101,6 +101,14 @@ func (r *rig) noCanary() {
 			}
 		}
 	}
+	err := stacktest.StoreObjects(r.stack.StoreDir, func(name string, b []byte) {
+		if bytes.Contains(b, []byte(r.canary)) {
+			t.Errorf("the canary secret is in the store's %s", name)
+		}
+	})
+	if err != nil {
+		t.Errorf("reading the store: %v", err)
+	}
 	for _, dir := range []string{r.stack.StateDir, r.stack.WorkDir} {
 		filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
 			if err == nil && d.Type().IsRegular() {

@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log"
 	"log/slog"
 	"net/http"
@@ -35,6 +36,7 @@ import (
 	"github.com/sandgate/sandgate/netpolicy"
 	"github.com/sandgate/sandgate/relay"
 	"github.com/sandgate/sandgate/relay/audit"
+	"github.com/sandgate/sandgate/snapshot"
 	"github.com/sandgate/sandgate/snapshot/store"
 )
 
@@ -227,4 +229,33 @@ func (s *Stack) Close() {
 	for i := len(s.closers) - 1; i >= 0; i-- {
 		s.closers[i]()
 	}
+}
+
+// StoreObjects calls each with the name and the whole decompressed content
+// of every object in the directory store at dir (a layer's tar, a
+// manifest's JSON): what a search for a secret in snapshots must read,
+// since a compressed layer hides its bytes.
+func StoreObjects(dir string, each func(name string, content []byte)) error {
+	return filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || !d.Type().IsRegular() {
+			return err
+		}
+		f, err := os.Open(path)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		r, err := snapshot.Decompress(f)
+		if err != nil {
+			return fmt.Errorf("%s: %w", path, err)
+		}
+		defer r.Close()
+		b, err := io.ReadAll(r)
+		if err != nil {
+			return fmt.Errorf("%s: %w", path, err)
+		}
+		rel, _ := filepath.Rel(dir, path)
+		each(rel, b)
+		return nil
+	})
 }
