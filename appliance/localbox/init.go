@@ -29,6 +29,9 @@ import (
 const (
 	initEnv = "_SANDGATE_LOCALBOX_INIT"
 	dirEnv  = "_SANDGATE_LOCALBOX_DIR"
+	// cfgEnv carries the init's initConfig (JSON): with a user namespace
+	// the init cannot read the state directory, and it needs none of it.
+	cfgEnv = "_SANDGATE_LOCALBOX_CONFIG"
 	// Descriptors a stage hands the next. linkFD is a SOCK_SEQPACKET
 	// link: creator ↔ monitor in the monitor, monitor ↔ init in the init
 	// ("go" in, "ok" or an error out, then "stopped <code>" from the init
@@ -36,6 +39,15 @@ const (
 	linkFD     = 3
 	listenerFD = 4 // the bound ctl.sock listener
 )
+
+// initConfig is what the init needs of the sandbox's Config.
+type initConfig struct {
+	ID      string `json:"id"`
+	ShmSize int64  `json:"shmSize"`
+	// UserNS: the init runs in a user namespace (so it cannot exempt
+	// itself from the OOM killer; see commandOOMScoreAdj).
+	UserNS bool `json:"userns,omitempty"`
+}
 
 // runtimeEnv keeps the Go runtime of the monitor and the init from opening
 // the host's cgroup CPU files: since Go 1.25 it holds them open for the
@@ -117,14 +129,14 @@ func readLink(fd int, timeout time.Duration) (string, error) {
 func stage1() error {
 	runtime.LockOSThread()
 	_ = unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0)
-	keepOnlyOwnFDs()
+	keepOnlyOwnFDs(listenerFD)
 	if msg, err := readLink(linkFD, -1); err != nil || msg != "go" {
 		return fmt.Errorf("waiting for the go-ahead: %q, %v", msg, err)
 	}
 	if err := unix.Unshare(unix.CLONE_NEWCGROUP); err != nil {
 		return fmt.Errorf("cgroup namespace: %w", err)
 	}
-	env := []string{initEnv + "=2", dirEnv + "=" + os.Getenv(dirEnv), runtimeEnv}
+	env := []string{initEnv + "=2", cfgEnv + "=" + os.Getenv(cfgEnv), runtimeEnv}
 	return fmt.Errorf("re-exec: %w", syscall.Exec("/proc/self/exe", os.Args, env))
 }
 
@@ -140,8 +152,13 @@ func oomScoreAdj(pid string, v int) error {
 // commandOOMScoreAdj makes the init exempt from the OOM killer where the
 // host allows it and returns the oom_score_adj its commands get: 1000 above
 // the init's own, at most 1000.
-func commandOOMScoreAdj() (int, error) {
-	if err := oomScoreAdj("self", -1000); err != nil {
+//
+// In a user namespace the init's capabilities count only there, and the
+// exemption needs CAP_SYS_RESOURCE on the host: it is not asked for.
+func commandOOMScoreAdj(userns bool) (int, error) {
+	if userns {
+		// -1000 is refused; nothing to ask.
+	} else if err := oomScoreAdj("self", -1000); err != nil {
 		if !errors.Is(err, fs.ErrPermission) {
 			return 0, err
 		}
@@ -168,13 +185,12 @@ func stage2() error {
 	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
 		return fmt.Errorf("prctl(PR_SET_DUMPABLE): %w", err)
 	}
-	keepOnlyOwnFDs()
+	keepOnlyOwnFDs(listenerFD)
 	unix.CloseOnExec(linkFD)
 	unix.CloseOnExec(listenerFD)
-	dir := os.Getenv(dirEnv)
-	var cfg Config
-	if err := readJSON(filepath.Join(dir, configFile), &cfg); err != nil {
-		return err
+	var ic initConfig
+	if err := json.Unmarshal([]byte(os.Getenv(cfgEnv)), &ic); err != nil {
+		return fmt.Errorf("the init's configuration: %w", err)
 	}
 	// The OOM killer picks the largest process of the sandbox's memory
 	// cgroup, which is the init (a Go program) unless it is told not to.
@@ -182,7 +198,7 @@ func stage2() error {
 	// some hosts withhold even from root. Either way each command runs
 	// 1000 above the init (see release): 0 beside an exempt init, else
 	// +1000, so that a command is always chosen before the init.
-	cmdAdj, err := commandOOMScoreAdj()
+	cmdAdj, err := commandOOMScoreAdj(ic.UserNS)
 	if err != nil {
 		return err
 	}
@@ -199,7 +215,14 @@ func stage2() error {
 	signal.Notify(sigchld, unix.SIGCHLD)
 
 	unix.Umask(0)
-	if err := setupRoot(dir, &cfg); err != nil {
+	// The monitor started the init in its root (see startInit).
+	rootFD, err := unix.Open(".", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("the sandbox's root: %w", err)
+	}
+	err = setupRoot(&ic, rootFD)
+	unix.Close(rootFD)
+	if err != nil {
 		return err
 	}
 	unix.Umask(0o022)
@@ -249,12 +272,13 @@ func stage2() error {
 	}
 }
 
-// keepOnlyOwnFDs marks every descriptor above the two the creator passed
-// close-on-exec: a descriptor the creating process leaked to the init
-// (anything it had open without O_CLOEXEC) must never reach a command.
-func keepOnlyOwnFDs() {
-	if err := unix.CloseRange(listenerFD+1, ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {
-		for fd := listenerFD + 1; fd < 1024; fd++ {
+// keepOnlyOwnFDs marks every descriptor above last, the last one passed
+// on purpose, close-on-exec: a descriptor the creating process leaked to
+// the monitor or the init (anything it had open without O_CLOEXEC) must
+// never reach a command.
+func keepOnlyOwnFDs(last int) {
+	if err := unix.CloseRange(uint(last+1), ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {
+		for fd := last + 1; fd < 1024; fd++ {
 			unix.CloseOnExec(fd)
 		}
 	}
@@ -345,83 +369,48 @@ var (
 	readonlyPaths = []string{"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"}
 )
 
-// setupRoot builds the sandbox's root at dir/root and pivots into it.
-func setupRoot(dir string, cfg *Config) error {
+// setupRoot finishes the root the monitor assembled (rootFD, see
+// prepareRoot) with what only the init can mount, from inside the
+// sandbox's namespaces — proc (its pid namespace), sysfs (its network
+// namespace), a private devpts, /dev/shm — masks and read-only paths of
+// Docker's over them, and pivots into it.
+func setupRoot(ic *initConfig, assembled int) error {
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("make mounts private: %w", err)
 	}
-	if err := unix.Mount("tmpfs", filepath.Join(dir, scaffoldDir), "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=755"); err != nil {
-		return fmt.Errorf("scaffold: %w", err)
-	}
-	if err := buildScaffold(dir, cfg); err != nil {
-		return fmt.Errorf("scaffold: %w", err)
-	}
-	root := filepath.Join(dir, rootDir)
-	lower := escapeOverlay(filepath.Join(dir, scaffoldDir))
-	if cfg.Template != "" {
-		lower += ":" + escapeOverlay(templateLower(filepath.Dir(dir), cfg.Template))
-	}
-	opts := "lowerdir=" + lower + ":" + escapeOverlay(cfg.Rootfs) +
-		",upperdir=" + escapeOverlay(filepath.Join(dir, upperDir)) + ",workdir=" + escapeOverlay(filepath.Join(dir, workDir)) +
-		",redirect_dir=off,metacopy=off,index=off,xino=off"
-	// Volatile: no sync of the upper's file system, neither when a command
-	// asks (fsync) nor when the overlay goes with the sandbox, which
-	// otherwise writes back every dirty page of a layer that is about to
-	// be saved or deleted (seconds, for an agent's install). A sandbox's
-	// durability is its snapshot; its upper is never mounted again. A
-	// kernel without it (before 5.10) mounts without.
-	err := unix.Mount("overlay", root, "overlay", unix.MS_NODEV, opts+",volatile")
-	if errors.Is(err, unix.EINVAL) {
-		err = unix.Mount("overlay", root, "overlay", unix.MS_NODEV, opts)
-	}
+	// The mounts the monitor made came into this namespace locked (with
+	// a user namespace: no process here may unmount one to see beneath
+	// it), and pivot_root refuses a locked new root. A recursive copy of
+	// the tree, attached over it, has an unlocked root and keeps every
+	// mount below it locked.
+	rootFD, err := unix.OpenTree(assembled, "", unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE|unix.AT_EMPTY_PATH)
 	if err != nil {
-		return fmt.Errorf("mount overlay (%s): %w", opts, err)
+		return fmt.Errorf("copy the sandbox's root: %w", err)
 	}
-	rfd, err := unix.Open(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return err
+	defer unix.Close(rootFD)
+	if err := unix.MoveMount(rootFD, "", assembled, "", unix.MOVE_MOUNT_F_EMPTY_PATH|unix.MOVE_MOUNT_T_EMPTY_PATH); err != nil {
+		return fmt.Errorf("attach the sandbox's root: %w", err)
 	}
-	defer unix.Close(rfd)
-	r := &rootFS{path: root, fd: rfd}
-
+	r := &rootFS{path: "/", fd: rootFD}
 	if err := r.mount("proc", "proc", "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
 		return err
 	}
-	if err := setupDev(r, cfg.shmSize()); err != nil {
+	if err := r.mount("devpts", "dev/pts", "devpts", unix.MS_NOSUID|unix.MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620"); err != nil {
+		return err
+	}
+	if err := r.mount("tmpfs", "dev/shm", "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=1777,size="+strconv.FormatInt(ic.ShmSize, 10)); err != nil {
 		return err
 	}
 	if err := r.mount("sysfs", "sys", "sysfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
 		return err
 	}
-	if err := r.mount("tmpfs", "tmp", "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=1777,size="+strconv.FormatInt(cfg.tmpSize(), 10)); err != nil {
-		return err
-	}
-	// Hide the state directory (every sandbox's upper and control socket)
-	// where the rootfs shows it.
-	if stateDir := filepath.Dir(dir); true {
-		if rel, err := filepath.Rel(cfg.Rootfs, stateDir); err == nil && rel != ".." && !strings.HasPrefix(rel, "../") {
-			err := r.mount("tmpfs", rel, "tmpfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=0,size=4k")
-			if err != nil && !errors.Is(err, unix.ENOENT) {
-				return fmt.Errorf("hide the state directory: %w", err)
-			}
-		}
-	}
-	for _, m := range cfg.Mounts {
-		attr := uint64(unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV)
-		if m.ReadOnly {
-			attr |= unix.MOUNT_ATTR_RDONLY
-		}
-		// Checked again on the object mounted: the path may have changed
-		// since Run checked it.
-		src, err := openMountSource(m.Source, filepath.Dir(dir))
-		if err != nil {
-			return err
-		}
-		err = r.bind(fdPath(src), m.Destination, attr)
-		unix.Close(src)
-		if err != nil {
-			return err
-		}
+	// Ports below 1024 are for CAP_NET_BIND_SERVICE in the network
+	// namespace's owner: with a user namespace, that is not the sandbox's
+	// root, whose capability counts in its own. Its network is loopback
+	// only, so every port is its own to bind.
+	if fd, err := r.open("proc/sys/net/ipv4/ip_unprivileged_port_start", unix.O_WRONLY); err == nil {
+		_, _ = unix.Write(fd, []byte("0"))
+		unix.Close(fd)
 	}
 	nullFD, err := r.open("dev/null", unix.O_PATH)
 	if err != nil {
@@ -468,12 +457,7 @@ func setupRoot(dir string, cfg *Config) error {
 			return fmt.Errorf("read-only %s: %w", p, err)
 		}
 	}
-	if !cfg.Write {
-		if err := unix.Mount("", root, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NODEV, ""); err != nil {
-			return fmt.Errorf("read-only root: %w", err)
-		}
-	}
-	if err := unix.Sethostname([]byte(cfg.ID)); err != nil {
+	if err := unix.Sethostname([]byte(ic.ID)); err != nil {
 		return fmt.Errorf("hostname: %w", err)
 	}
 	if err := loopbackUp(); err != nil {
@@ -482,7 +466,7 @@ func setupRoot(dir string, cfg *Config) error {
 	// pivot_root(".", ".") stacks the old root on the new one; detaching
 	// it leaves only the sandbox's mounts, with no directory for the old
 	// root in the layer.
-	if err := unix.Fchdir(rfd); err != nil {
+	if err := unix.Fchdir(rootFD); err != nil {
 		return err
 	}
 	if err := unix.PivotRoot(".", "."); err != nil {
@@ -495,47 +479,6 @@ func setupRoot(dir string, cfg *Config) error {
 		return fmt.Errorf("detach the host root: %w", err)
 	}
 	return unix.Chdir("/")
-}
-
-// setupDev makes a minimal /dev: a tmpfs with the harmless character
-// devices, a private devpts, /dev/shm, and the fd symlinks.
-func setupDev(r *rootFS, shmSize int64) error {
-	if err := r.mount("tmpfs", "dev", "tmpfs", unix.MS_NOSUID|unix.MS_NOEXEC, "mode=755,size=64k"); err != nil {
-		return err
-	}
-	dfd, err := r.open("dev", unix.O_RDONLY|unix.O_DIRECTORY)
-	if err != nil {
-		return err
-	}
-	defer unix.Close(dfd)
-	for _, d := range []struct {
-		name         string
-		major, minor uint32
-	}{{"null", 1, 3}, {"zero", 1, 5}, {"full", 1, 7}, {"random", 1, 8}, {"urandom", 1, 9}, {"tty", 5, 0}} {
-		if err := unix.Mknodat(dfd, d.name, unix.S_IFCHR|0o666, int(unix.Mkdev(d.major, d.minor))); err != nil {
-			return fmt.Errorf("/dev/%s: %w", d.name, err)
-		}
-	}
-	for _, d := range []struct {
-		name string
-		mode uint32
-	}{{"pts", 0o755}, {"shm", 0o1777}} {
-		if err := unix.Mkdirat(dfd, d.name, d.mode); err != nil {
-			return fmt.Errorf("/dev/%s: %w", d.name, err)
-		}
-	}
-	for link, target := range map[string]string{
-		"ptmx": "pts/ptmx", "fd": "/proc/self/fd", "stdin": "/proc/self/fd/0",
-		"stdout": "/proc/self/fd/1", "stderr": "/proc/self/fd/2",
-	} {
-		if err := unix.Symlinkat(target, dfd, link); err != nil {
-			return fmt.Errorf("/dev/%s: %w", link, err)
-		}
-	}
-	if err := r.mount("devpts", "dev/pts", "devpts", unix.MS_NOSUID|unix.MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620"); err != nil {
-		return err
-	}
-	return r.mount("tmpfs", "dev/shm", "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=1777,size="+strconv.FormatInt(shmSize, 10))
 }
 
 // loopbackUp brings lo up in the new network namespace, the only

@@ -1,12 +1,14 @@
 package localbox
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -33,10 +35,22 @@ import (
 const maxInitLog = 1 << 20
 
 func monitorMain() error {
-	keepOnlyOwnFDs()
+	keepOnlyOwnFDs(listenerFD)
 	dir := os.Getenv(dirEnv)
 	if dir == "" {
 		return errors.New("monitor: no sandbox directory")
+	}
+	var cfg Config
+	if err := readJSON(filepath.Join(dir, configFile), &cfg); err != nil {
+		return fmt.Errorf("monitor: %w", err)
+	}
+	var rs runState
+	if err := readJSON(filepath.Join(dir, stateFile), &rs); err != nil {
+		return fmt.Errorf("monitor: %w", err)
+	}
+	masks, err := planMasks(exposures(cfg.Rootfs), append([]string{filepath.Dir(dir)}, cfg.Masks...))
+	if err != nil {
+		return fmt.Errorf("monitor: %w", err)
 	}
 	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
@@ -48,25 +62,27 @@ func monitorMain() error {
 		return fmt.Errorf("monitor: %w", err)
 	}
 	listener := os.NewFile(listenerFD, "ctl.sock")
-	cmd := &exec.Cmd{
-		Path:       "/proc/self/exe",
-		Args:       []string{"sandgate-sandbox-init", filepath.Base(dir)},
-		Env:        []string{initEnv + "=1", dirEnv + "=" + dir, runtimeEnv},
-		Stdout:     logW,
-		Stderr:     logW,
-		ExtraFiles: []*os.File{initEnd, listener},
-		SysProcAttr: &syscall.SysProcAttr{
-			Cloneflags: unix.CLONE_NEWNS | unix.CLONE_NEWPID | unix.CLONE_NEWNET | unix.CLONE_NEWUTS | unix.CLONE_NEWIPC,
-			Setsid:     true,
-		},
+	type started struct {
+		cmd    *exec.Cmd
+		userns bool
+		err    error
 	}
-	err = cmd.Start()
+	done := make(chan started, 1)
+	go func() {
+		// Never unlocked: the thread, and the mount namespace it
+		// unshares, end with this goroutine; the init keeps a copy.
+		runtime.LockOSThread()
+		cmd, userns, err := startInit(dir, &cfg, masks, rs.IDBase, initEnd, listener, logW)
+		done <- started{cmd, userns, err}
+	}()
+	res := <-done
 	initEnd.Close()
 	logW.Close()
 	listener.Close()
-	if err != nil {
-		return fmt.Errorf("start the sandbox's init: %w", err)
+	if res.err != nil {
+		return fmt.Errorf("start the sandbox's init: %w", res.err)
 	}
+	cmd := res.cmd
 	initGone := make(chan struct{})
 	go watchStarts(cmd.Process.Pid, initGone)
 	logged := make(chan struct{})
@@ -79,7 +95,11 @@ func monitorMain() error {
 		_ = cmd.Wait()
 		return err
 	}
-	if err := sendLink(linkFD, "pid "+strconv.Itoa(cmd.Process.Pid)); err != nil {
+	hello := "pid " + strconv.Itoa(cmd.Process.Pid)
+	if res.userns {
+		hello += " userns"
+	}
+	if err := sendLink(linkFD, hello); err != nil {
 		return fail(err)
 	}
 	if msg, err := readLink(linkFD, startTimeout); err != nil || msg != "go" {
@@ -122,6 +142,84 @@ func monitorMain() error {
 	}
 	os.Exit(0)
 	return nil
+}
+
+// startInit assembles the sandbox's root (prepareRoot) in a mount
+// namespace of this thread's own and starts the init from this thread, in
+// new namespaces: a user namespace mapping the sandbox's ids to idBase...
+// where that can be had (userns reports whether it was), and mount, pid,
+// network, UTS and IPC namespaces. The caller has locked the thread and
+// never unlocks it.
+func startInit(dir string, cfg *Config, masks []mask, idBase int, link, listener, logW *os.File) (cmd *exec.Cmd, userns bool, err error) {
+	if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
+		return nil, false, fmt.Errorf("mount namespace: %w", err)
+	}
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		return nil, false, fmt.Errorf("make mounts private: %w", err)
+	}
+	// Modes are set as asked (device nodes 0666, /tmp 1777): the umask is
+	// this thread's own since it unshared its file system information.
+	unix.Umask(0)
+	rootFD := -1
+	userns = idBase != 0 && cfg.UserNS != UserNSOff
+	if userns {
+		rootFD, err = prepareRoot(dir, cfg, masks, idBase)
+		var uerr *usernsError
+		switch {
+		case err == nil:
+		case !errors.As(err, &uerr):
+			return nil, false, err
+		case cfg.UserNS == UserNSOn:
+			return nil, false, fmt.Errorf("a user namespace was required (--userns=on): %w", err)
+		default:
+			fmt.Fprintln(os.Stderr, "sandgate sandbox monitor: "+userNSNote(err))
+			userns = false
+		}
+	}
+	if !userns {
+		if rootFD, err = prepareRoot(dir, cfg, masks, 0); err != nil {
+			return nil, false, err
+		}
+	}
+	// The init starts in the root: a descriptor would name the mount of
+	// this namespace, where the init cannot mount anything, but a new
+	// mount namespace moves the working directory (and root) of the
+	// process made with it onto their copies. This thread's working
+	// directory is its own (unsharing the mount namespace unshared it).
+	err = unix.Fchdir(rootFD)
+	unix.Close(rootFD)
+	if err != nil {
+		return nil, false, fmt.Errorf("enter the sandbox's root: %w", err)
+	}
+	ic, err := json.Marshal(initConfig{ID: cfg.ID, ShmSize: cfg.shmSize(), UserNS: userns})
+	if err != nil {
+		return nil, false, err
+	}
+	attr := &syscall.SysProcAttr{
+		Cloneflags: unix.CLONE_NEWNS | unix.CLONE_NEWPID | unix.CLONE_NEWNET | unix.CLONE_NEWUTS | unix.CLONE_NEWIPC,
+		Setsid:     true,
+	}
+	if userns {
+		attr.Cloneflags |= unix.CLONE_NEWUSER
+		attr.UidMappings, attr.GidMappings = idMappings(idBase), idMappings(idBase)
+		attr.GidMappingsEnableSetgroups = true
+		// The child starts as host root, which the namespace does not
+		// map: it becomes the namespace's root (host id idBase).
+		attr.Credential = &syscall.Credential{Uid: 0, Gid: 0}
+	}
+	cmd = &exec.Cmd{
+		Path:        "/proc/self/exe",
+		Args:        []string{"sandgate-sandbox-init", filepath.Base(dir)},
+		Env:         []string{initEnv + "=1", cfgEnv + "=" + string(ic), runtimeEnv},
+		Stdout:      logW,
+		Stderr:      logW,
+		ExtraFiles:  []*os.File{link, listener},
+		SysProcAttr: attr,
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, false, err
+	}
+	return cmd, userns, nil
 }
 
 // copyLog copies r to w up to maxInitLog bytes, then drains r.

@@ -44,6 +44,9 @@ func (m *Runtime) Run(ctx context.Context, opts RunOptions) (*Process, error) {
 	if err := cfg.check(); err != nil {
 		return nil, err
 	}
+	if err := CheckImage(cfg.Rootfs, append([]string{m.dir}, cfg.Masks...)); err != nil {
+		return nil, err
+	}
 	if err := m.checkMounts(&cfg); err != nil {
 		return nil, err
 	}
@@ -160,6 +163,9 @@ func (m *Runtime) Fork(ctx context.Context, src, dst string, stdio Stdio) (*Proc
 	if err := cfg.check(); err != nil {
 		return nil, err
 	}
+	if err := CheckImage(cfg.Rootfs, append([]string{m.dir}, cfg.Masks...)); err != nil {
+		return nil, err
+	}
 	if err := m.checkMounts(&cfg); err != nil {
 		return nil, err
 	}
@@ -236,6 +242,20 @@ func (m *Runtime) create(ctx context.Context, cfg *Config, fill func(upper strin
 		return nil, err
 	}
 	rs := runState{Cgroups: cg.dirs, CgroupV2: cg.v2}
+	if cfg.UserNS != UserNSOff {
+		if rs.IDBase, err = allocIDs(dir); err != nil {
+			if cfg.UserNS == UserNSOn {
+				return nil, err
+			}
+			rs.IDBase = 0
+		} else {
+			defer func() {
+				if err != nil {
+					releaseIDs(dir, rs.IDBase)
+				}
+			}()
+		}
+	}
 	if err := writeJSON(filepath.Join(dir, stateFile), &rs); err != nil {
 		return nil, err
 	}
@@ -292,6 +312,7 @@ func (m *Runtime) create(ctx context.Context, cfg *Config, fill func(upper strin
 		return nil, fmt.Errorf("the sandbox's monitor did not start the init: %v (see %s)", err, filepath.Join(dir, logFile))
 	}
 	pidStr, ok := strings.CutPrefix(string(buf[:n]), "pid ")
+	pidStr, userns := strings.CutSuffix(pidStr, " userns")
 	initPid, perr := strconv.Atoi(pidStr)
 	if !ok || perr != nil {
 		return nil, fmt.Errorf("the sandbox's init failed: %s", strings.TrimPrefix(string(buf[:n]), "error: "))
@@ -322,7 +343,7 @@ func (m *Runtime) create(ctx context.Context, cfg *Config, fill func(upper strin
 	if err != nil {
 		return nil, err
 	}
-	rs.Pid, rs.StartTime = initPid, st
+	rs.Pid, rs.StartTime, rs.UserNS = initPid, st, userns
 	rs.MonitorPid, rs.MonitorStartTime = monitor.Pid, mst
 	if err := writeJSON(filepath.Join(dir, stateFile), &rs); err != nil {
 		return nil, err
@@ -349,65 +370,6 @@ func listen(dir string) (*os.File, error) {
 	ln.SetUnlinkOnClose(false)
 	defer ln.Close()
 	return ln.File()
-}
-
-// buildScaffold makes the scaffold layer: the mount points (/proc, /dev,
-// /sys, /tmp and every bind destination) as a lower layer above the
-// rootfs, so that they exist in any rootfs without ever being written
-// into the upper, and so into a layer. Directories it adds copy the
-// rootfs's mode and owner where the rootfs has them. The init builds it on
-// a tmpfs of its own mount namespace: overlayfs refuses a lower layer
-// inside another one, and the rootfs (/) holds the state directory.
-func buildScaffold(dir string, cfg *Config) error {
-	s := filepath.Join(dir, scaffoldDir)
-	mkdir := func(rel string) error {
-		cur := s
-		if err := os.MkdirAll(cur, 0o755); err != nil {
-			return err
-		}
-		for _, part := range strings.Split(strings.Trim(rel, "/"), "/") {
-			cur = filepath.Join(cur, part)
-			relPath := strings.TrimPrefix(cur, s)
-			if err := os.Mkdir(cur, 0o755); err != nil {
-				if errors.Is(err, fs.ErrExist) {
-					continue
-				}
-				return err
-			}
-			if fi, err := os.Lstat(filepath.Join(cfg.Rootfs, relPath)); err == nil && fi.IsDir() {
-				st := fi.Sys().(*syscall.Stat_t)
-				_ = os.Chmod(cur, fi.Mode().Perm()|fi.Mode()&(fs.ModeSticky|fs.ModeSetgid))
-				_ = os.Lchown(cur, int(st.Uid), int(st.Gid))
-			}
-		}
-		return nil
-	}
-	for _, d := range []string{"proc", "dev", "sys", "tmp"} {
-		if err := mkdir(d); err != nil {
-			return err
-		}
-	}
-	for _, mt := range cfg.Mounts {
-		fi, err := os.Stat(mt.Source)
-		if err != nil {
-			return fmt.Errorf("%w: mount source: %v", ErrBadInput, err)
-		}
-		if fi.IsDir() {
-			if err := mkdir(mt.Destination); err != nil {
-				return err
-			}
-			continue
-		}
-		if err := mkdir(filepath.Dir(mt.Destination)); err != nil {
-			return err
-		}
-		f, err := os.OpenFile(filepath.Join(s, mt.Destination), os.O_CREATE|os.O_WRONLY, 0o644)
-		if err != nil {
-			return fmt.Errorf("mount destination %s: %w", mt.Destination, err)
-		}
-		f.Close()
-	}
-	return nil
 }
 
 // Delete stops the sandbox id (every process of it), removes its cgroups
@@ -461,6 +423,8 @@ func (m *Runtime) Delete(ctx context.Context, id string, force bool) error {
 	}
 	if err := os.RemoveAll(dir); err != nil {
 		errs = append(errs, err)
+	} else {
+		releaseIDs(dir, rs.IDBase)
 	}
 	return errors.Join(errs...)
 }

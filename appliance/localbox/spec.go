@@ -153,8 +153,19 @@ func ParseSize(s string) (int64, error) {
 type Config struct {
 	ID string `json:"id"`
 	// Rootfs is the host directory seen read-only under the sandbox's
-	// upper; "" means "/".
+	// upper, as it is: everything in it is the sandbox's to read. "" means
+	// the default image, made from an allowlist of the host's (see
+	// image.go): its programs and libraries, and an /etc of the sandbox's
+	// own.
 	Rootfs string `json:"rootfs"`
+	// Masks are host paths no sandbox may see, beside the state
+	// directory (always hidden): wherever the image shows one, it is
+	// covered (an empty directory, an empty file). An image inside one is
+	// refused.
+	Masks []string `json:"masks,omitempty"`
+	// UserNS says whether the sandbox runs in a user namespace of its own:
+	// UserNSAuto (where the kernel allows), UserNSOn, UserNSOff.
+	UserNS string `json:"userns,omitempty"`
 	// Template names a template of the state directory (see
 	// ImportTemplate) mounted read-only between the sandbox's upper and
 	// the rootfs; "" means none.
@@ -198,14 +209,16 @@ func (c *Config) check() error {
 	if err := CheckID(c.ID); err != nil {
 		return err
 	}
-	if c.Rootfs == "" {
-		c.Rootfs = "/"
+	if !isDefaultImage(c.Rootfs) && !filepath.IsAbs(c.Rootfs) {
+		return fmt.Errorf("%w: rootfs %q must be an absolute path (or empty, for the default image)", ErrBadInput, c.Rootfs)
 	}
-	if !filepath.IsAbs(c.Rootfs) {
-		return fmt.Errorf("%w: rootfs %q must be an absolute path", ErrBadInput, c.Rootfs)
+	for _, p := range c.Masks {
+		if !filepath.IsAbs(p) {
+			return fmt.Errorf("%w: hidden path %q must be an absolute host path", ErrBadInput, p)
+		}
 	}
-	if fi, err := os.Stat(c.Rootfs); err != nil || !fi.IsDir() {
-		return fmt.Errorf("%w: rootfs %q must be an existing directory", ErrBadInput, c.Rootfs)
+	if err := checkUserNS(c.UserNS); err != nil {
+		return err
 	}
 	if len(c.Cmd) == 0 || c.Cmd[0] == "" {
 		return fmt.Errorf("%w: no command: put it after --", ErrBadInput)

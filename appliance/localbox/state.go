@@ -62,6 +62,10 @@ type Info struct {
 	// ExitCode is run's command's exit code once Stopped (128+signal for a
 	// signal).
 	ExitCode *int `json:"exitCode,omitempty"`
+	// UserNS: it runs in a user namespace, its root being host id IDBase
+	// (see userns.go). False for a sandbox that has not started.
+	UserNS bool `json:"userns"`
+	IDBase int  `json:"idBase,omitempty"`
 }
 
 // runState is state.json: written by the creating process once the init
@@ -75,6 +79,10 @@ type runState struct {
 	// its stop (see monitor.go); Delete waits for it to be gone.
 	MonitorPid       int    `json:"monitorPid,omitempty"`
 	MonitorStartTime uint64 `json:"monitorStartTime,omitempty"`
+	// IDBase is the host id of the sandbox's root when it may have a user
+	// namespace (its slot, allocIDs; 0: none), UserNS whether it has one.
+	IDBase int  `json:"idBase,omitempty"`
+	UserNS bool `json:"userns,omitempty"`
 }
 
 // stopState is stopped.json: written by the monitor when the init reports
@@ -243,6 +251,9 @@ func (m *Runtime) info(id string) (Info, *Config, *runState, error) {
 	inf := Info{ID: id, Created: cfg.Created}
 	var rs runState
 	_ = readJSON(filepath.Join(dir, stateFile), &rs)
+	if rs.UserNS {
+		inf.UserNS, inf.IDBase = true, rs.IDBase
+	}
 	var ss stopState
 	switch {
 	case readJSON(filepath.Join(dir, stoppedFile), &ss) == nil:

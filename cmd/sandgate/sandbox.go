@@ -25,7 +25,9 @@ func sandboxCommand() *cli.Command {
 		&cli.StringFlag{Name: "template", Usage: "start on template `NAME` (see 'sandbox template'), shared read-only beneath the sandbox's own layer (sandgate's own; not in Cloud Run's CLI)"},
 		&cli.GenericFlag{Name: "env", Aliases: []string{"e"}, Value: &repeated{}, Usage: "`K=V` for the command (repeatable)"},
 		&cli.StringFlag{Name: "workdir", Aliases: []string{"w"}, Usage: "working `DIR` inside the sandbox"},
-		&cli.StringFlag{Name: "rootfs", Value: "/", Usage: "host `DIR` seen read-only as the sandbox's root"},
+		&cli.StringFlag{Name: "rootfs", Usage: "host `DIR` seen read-only as the sandbox's root, all of it (default: an image of the host's /usr and libraries with an /etc of the sandbox's own, nothing else of the host)"},
+		&cli.GenericFlag{Name: "mask", Value: &repeated{}, Usage: "host `PATH` the sandbox must never see, hidden wherever the image shows it (repeatable; the state directory always is)"},
+		&cli.StringFlag{Name: "userns", Value: "auto", Usage: "run the sandbox in a user namespace: `MODE` auto (where the kernel allows), on (or fail), off"},
 		&cli.GenericFlag{Name: "mount", Value: &repeated{}, Usage: "bind-mount `SPEC`, type=bind,source=S,destination=D[,readonly] (repeatable)"},
 		&cli.BoolFlag{Name: "stdin", Value: true, Usage: "connect stdin without --detach (--stdin=false to leave it unconnected)"},
 		&cli.BoolFlag{Name: "stdout", Value: true, Usage: "connect stdout without --detach (--stdout=false to leave it unconnected)"},
@@ -249,6 +251,14 @@ func follow(c *cli.Context, p *localbox.Process, wait func()) error {
 	}
 }
 
+// userNSMode turns --userns's value into localbox's (auto is "").
+func userNSMode(v string) string {
+	if v == "auto" {
+		return localbox.UserNSAuto
+	}
+	return v
+}
+
 func runSandboxRun(c *cli.Context) error {
 	pos, cmd, err := splitArgs(c, 1)
 	if err != nil {
@@ -260,6 +270,7 @@ func runSandboxRun(c *cli.Context) error {
 	opts := localbox.RunOptions{
 		Config: localbox.Config{
 			ID: pos[0], Rootfs: c.String("rootfs"), Write: c.Bool("write"), Template: c.String("template"),
+			Masks: values(c, "mask"), UserNS: userNSMode(c.String("userns")),
 			Env: values(c, "env"), Dir: c.String("workdir"), Cmd: cmd, Pids: c.Int64("pids"),
 		},
 		ImportTar: c.String("import-tar"),
