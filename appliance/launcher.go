@@ -6,16 +6,19 @@ package appliance
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -52,8 +55,22 @@ type LauncherConfig struct {
 	Memory string
 	Pids   int
 	// Rootfs is the image a sandbox sees as / (`sandgate sandbox` only);
-	// empty means the host's /.
+	// empty means its default image (the host's programs and libraries,
+	// nothing else of the host).
 	Rootfs string
+	// Hide are host paths no sandbox may see: the service's state
+	// directory, a local snapshot store, its own files. `sandgate sandbox`
+	// masks each wherever the image shows it (and refuses an image inside
+	// one); Google's CLI, whose sandboxes see the container's whole root
+	// file system, gets an empty directory (or file) of the sandbox's own
+	// bound over each, read-only.
+	Hide []string
+	// PrivateDir is where the launcher keeps what it binds over Hide for
+	// Google's CLI (a directory the service owns; it should be one of
+	// Hide). Empty means os.TempDir.
+	PrivateDir string
+	// UserNS is `sandgate sandbox`'s --userns: auto ("" too), on or off.
+	UserNS string
 	// Logger receives what the launcher does. Nil discards.
 	Logger *slog.Logger
 }
@@ -187,6 +204,18 @@ func (l *Launcher) Create(ctx context.Context, id string, opts LaunchOptions) er
 		if l.cfg.Rootfs != "" {
 			args = append(args, "--rootfs", l.cfg.Rootfs)
 		}
+		for _, p := range l.cfg.Hide {
+			args = append(args, "--mask", p)
+		}
+		if l.cfg.UserNS != "" {
+			args = append(args, "--userns", l.cfg.UserNS)
+		}
+	} else {
+		covers, err := l.covers(id)
+		if err != nil {
+			return err
+		}
+		args = append(args, covers...)
 	}
 	args = append(args, "--stdin=false", "--", AgentPath, "agent", "--idle")
 	return l.do(ctx, args...)
@@ -365,7 +394,51 @@ func (l *Launcher) Delete(ctx context.Context, id string) error {
 	if l.google && errors.As(err, &ce) && ce.Kind == nil && l.Gone(ctx, id) {
 		ce.Kind = ErrNotFound
 	}
+	if l.google && (err == nil || errors.Is(err, ErrNotFound)) {
+		l.removeCovers(id)
+	}
 	return err
+}
+
+// coverDir holds the empty directories and files bound over Hide in
+// sandbox id (Google's CLI).
+func (l *Launcher) coverDir(id string) string {
+	return filepath.Join(cmp.Or(l.cfg.PrivateDir, os.TempDir()), "covers", id)
+}
+
+// covers makes sandbox id's covers of Hide and returns the CLI's
+// --mount flags binding them over it, read-only. A path of Hide that does
+// not exist needs none. Each sandbox has covers of its own, so that, were
+// a bind writable after all (the reference does not document
+// ",readonly"), nothing written there reaches another sandbox.
+func (l *Launcher) covers(id string) ([]string, error) {
+	var args []string
+	dir := l.coverDir(id)
+	for i, p := range l.cfg.Hide {
+		fi, err := os.Stat(p)
+		if err != nil {
+			continue
+		}
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return nil, fmt.Errorf("launcher: covers of %s: %w", p, err)
+		}
+		src := filepath.Join(dir, strconv.Itoa(i))
+		if fi.IsDir() {
+			err = os.Mkdir(src, 0o555)
+		} else {
+			err = os.WriteFile(src, nil, 0o444)
+		}
+		if err != nil && !errors.Is(err, fs.ErrExist) {
+			return nil, fmt.Errorf("launcher: covers of %s: %w", p, err)
+		}
+		args = append(args, "--mount", "type=bind,source="+src+",destination="+p+",readonly")
+	}
+	return args, nil
+}
+
+// removeCovers removes what covers made for sandbox id.
+func (l *Launcher) removeCovers(id string) {
+	_ = os.RemoveAll(l.coverDir(id))
 }
 
 // Gone reports whether sandbox id can be taken as not there (or not

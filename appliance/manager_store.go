@@ -313,7 +313,7 @@ func (m *Manager) mergeToFile(ctx context.Context, base *record, deltaKey, delta
 		cleanup()
 		return "", nil, err
 	}
-	_, err = snapshot.MergeLayers(ctx, bl, dl, f, snapshot.MergeOptions{Compression: comp})
+	_, err = snapshot.MergeLayers(ctx, bl, dl, f, snapshot.MergeOptions{Compression: comp, TempDir: m.work})
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}

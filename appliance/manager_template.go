@@ -86,7 +86,7 @@ func (m *Manager) foldOnto(ctx context.Context, base *record, delta io.ReadClose
 	pr, pw := io.Pipe()
 	done := make(chan error, 1)
 	go func() {
-		_, err := snapshot.MergeLayers(ctx, bl, delta, pw, snapshot.MergeOptions{Compression: snapshot.None})
+		_, err := snapshot.MergeLayers(ctx, bl, delta, pw, snapshot.MergeOptions{Compression: snapshot.None, TempDir: m.work})
 		bl.Close()
 		if cerr := delta.Close(); err == nil {
 			err = cerr

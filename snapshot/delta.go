@@ -15,6 +15,10 @@ type MergeOptions struct {
 	Compression Compression // of the output; "" means Zstd
 	Level       int
 	MaxBytes    int64 // cap on each input's tar stream; 0 means DefaultMaxBytes
+	// TempDir is where the delta is spooled while the base streams: a
+	// place no sandbox sees (it holds a sandbox's files). "" means
+	// os.TempDir.
+	TempDir string
 }
 
 // deltaSet is what a delta layer changes, keyed by clean path.
@@ -58,7 +62,7 @@ func MergeLayers(ctx context.Context, base, delta io.Reader, w io.Writer, opts M
 	if opts.MaxBytes <= 0 {
 		opts.MaxBytes = DefaultMaxBytes
 	}
-	spool, err := os.CreateTemp("", "sandgate-delta-*.tar")
+	spool, err := os.CreateTemp(opts.TempDir, "sandgate-delta-*.tar")
 	if err != nil {
 		return nil, fmt.Errorf("merge: %w", err)
 	}

@@ -26,7 +26,7 @@ func TestIsolation(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		for _, id := range []string{"jail", "ro"} {
+		for _, id := range []string{"jail", "jail-root", "ro"} {
 			_ = m.Delete(context.Background(), id, true)
 		}
 	})
@@ -38,7 +38,6 @@ func TestIsolation(t *testing.T) {
 	hostPort := ln.Addr().(*net.TCPAddr).Port
 	marker := "/etc/sandgate-escape-" + filepath.Base(stateDir)
 
-	runDetached(t, m, "jail", nil)
 	var capMask uint64
 	for _, c := range Capabilities {
 		capMask |= 1 << capNumbers[c]
@@ -78,26 +77,34 @@ func TestIsolation(t *testing.T) {
 		{"mount binary", "command -v mount && command -v unshare && command -v mknod"},
 		{"dgram socket", `python3 -c 'import socket; socket.socket(socket.AF_INET, socket.SOCK_DGRAM)'`},
 	}
-	var script strings.Builder
-	for _, c := range controls {
-		fmt.Fprintf(&script, "if ! ( %s ) >/dev/null 2>&1; then echo 'BROKEN CONTROL: %s'; fi\n", c.script, c.name)
-	}
-	for _, c := range checks {
-		fmt.Fprintf(&script, "if ( %s ) >/dev/null 2>&1; then echo 'ESCAPE: %s'; fi\n", c.script, c.name)
-	}
-	script.WriteString("echo checked\n")
-	code, out, errOut := sh(t, m, "jail", script.String())
-	if code != 0 || !strings.HasSuffix(out, "checked\n") {
-		t.Fatalf("exit %d, %q, %q", code, out, errOut)
-	}
-	for _, line := range strings.Split(out, "\n") {
-		if strings.HasPrefix(line, "BROKEN") || strings.HasPrefix(line, "ESCAPE") && line != "ESCAPE: host file" {
-			t.Error(line)
+	// On the default image, and on the host's whole root (a configured
+	// image, where the state directory is masked).
+	for _, jail := range []struct {
+		id     string
+		rootfs string
+	}{{"jail", ""}, {"jail-root", "/"}} {
+		runDetached(t, m, jail.id, func(o *RunOptions) { o.Rootfs = jail.rootfs })
+		var script strings.Builder
+		for _, c := range controls {
+			fmt.Fprintf(&script, "if ! ( %s ) >/dev/null 2>&1; then echo 'BROKEN CONTROL: %s'; fi\n", c.script, c.name)
 		}
-	}
-	if _, err := os.Stat(marker); err == nil {
-		os.Remove(marker)
-		t.Errorf("a write inside reached the host's %s", marker)
+		for _, c := range checks {
+			fmt.Fprintf(&script, "if ( %s ) >/dev/null 2>&1; then echo 'ESCAPE: %s'; fi\n", c.script, c.name)
+		}
+		script.WriteString("echo checked\n")
+		code, out, errOut := sh(t, m, jail.id, script.String())
+		if code != 0 || !strings.HasSuffix(out, "checked\n") {
+			t.Fatalf("%s: exit %d, %q, %q", jail.id, code, out, errOut)
+		}
+		for _, line := range strings.Split(out, "\n") {
+			if strings.HasPrefix(line, "BROKEN") || strings.HasPrefix(line, "ESCAPE") && line != "ESCAPE: host file" {
+				t.Errorf("%s: %s", jail.id, line)
+			}
+		}
+		if _, err := os.Stat(marker); err == nil {
+			os.Remove(marker)
+			t.Errorf("%s: a write inside reached the host's %s", jail.id, marker)
+		}
 	}
 
 	// Without --write the root is read-only; /tmp is still writable.

@@ -331,6 +331,10 @@ func prepareRoot(dir string, cfg *Config, masks []mask, idBase int) (rootFD int,
 		if err != nil {
 			return -1, err
 		}
+		if err := r.mountPointInTmp(m.Destination, src, uid); err != nil {
+			unix.Close(src)
+			return -1, err
+		}
 		// With a user namespace, the source is seen with its host ids
 		// shifted into the sandbox's (host root is the sandbox's root),
 		// as it was before there were user namespaces: an operator who
@@ -380,6 +384,54 @@ func workDirs(rootfs string) []string {
 		out = append(out, workDir+"-"+d)
 	}
 	return out
+}
+
+// mountPointInTmp makes the mount point of a bind mount whose destination
+// lies in /tmp: the sandbox's own tmpfs, mounted over the scaffold that
+// holds every other mount point, so it is made there (never in the layer),
+// a directory or an empty file like the source src.
+func (r *rootFS) mountPointInTmp(dest string, src, uid int) error {
+	rel := strings.TrimPrefix(filepath.Clean(dest), "/")
+	if !strings.HasPrefix(rel, "tmp/") {
+		return nil
+	}
+	if fd, err := r.open(rel, unix.O_PATH); err == nil {
+		unix.Close(fd)
+		return nil
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(src, &st); err != nil {
+		return err
+	}
+	parts := strings.Split(rel, "/")
+	cur := parts[0]
+	for i, part := range parts[1:] {
+		pfd, err := r.open(cur, unix.O_RDONLY|unix.O_DIRECTORY)
+		if err != nil {
+			return fmt.Errorf("mount point %s: %w", dest, err)
+		}
+		last := i == len(parts)-2
+		if last && st.Mode&unix.S_IFMT != unix.S_IFDIR {
+			var fd int
+			fd, err = unix.Openat(pfd, part, unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o644)
+			if err == nil {
+				unix.Close(fd)
+			}
+		} else {
+			err = unix.Mkdirat(pfd, part, 0o755)
+		}
+		if err == nil {
+			err = unix.Fchownat(pfd, part, uid, uid, unix.AT_SYMLINK_NOFOLLOW)
+		} else if errors.Is(err, unix.EEXIST) {
+			err = nil
+		}
+		unix.Close(pfd)
+		if err != nil {
+			return fmt.Errorf("mount point %s: %w", dest, err)
+		}
+		cur += "/" + part
+	}
+	return nil
 }
 
 // bindIdmapped binds the opened source src (and what is mounted below it)
@@ -479,7 +531,7 @@ func (r *rootFS) hide(m mask) error {
 		return err
 	}
 	if st.Mode&unix.S_IFMT == unix.S_IFDIR {
-		err = unix.Mount("tmpfs", fdPath(fd), "tmpfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=0,size=4k")
+		err = unix.Mount("tmpfs", fdPath(fd), "tmpfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=0555,size=4k")
 	} else {
 		null, nerr := r.open("dev/null", unix.O_PATH)
 		if nerr != nil {

@@ -75,8 +75,7 @@ func allocIDs(dir string) (int, error) {
 		return 0, err
 	}
 	defer unlock()
-	sum := sha256.Sum256([]byte(dir))
-	start := int(binary.BigEndian.Uint32(sum[:4]) % idSlots)
+	start := firstSlot(dir)
 	for i := range idSlots {
 		slot := (start + i) % idSlots
 		p := filepath.Join(idRegistry, strconv.Itoa(slot))
@@ -108,6 +107,13 @@ func allocIDs(dir string) (int, error) {
 		return idBase + slot*idRange, nil
 	}
 	return 0, fmt.Errorf("user namespace ids: all %d ranges are taken", idSlots)
+}
+
+// firstSlot is where allocIDs starts looking for the sandbox in dir: a
+// digest of it, so that sandboxes made at once rarely meet.
+func firstSlot(dir string) int {
+	sum := sha256.Sum256([]byte(dir))
+	return int(binary.BigEndian.Uint32(sum[:4]) % idSlots)
 }
 
 // releaseIDs gives back the slot of host id base if the sandbox in dir

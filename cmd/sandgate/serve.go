@@ -36,8 +36,9 @@ func serveCommand() *cli.Command {
 		Usage: "serve sandboxes over HTTP: protocol 1 of ai-sdk-sandbox-cloud-run, and sandgate's /v1",
 		Description: `With no configuration, on a Linux host as root: listens on 127.0.0.1:8080,
 keeps snapshots and templates in ./.snapshots, runs sandboxes with
-'sandgate sandbox' (state under /var/lib/sandgate), the host's / as their
-image. On Cloud Run (K_SERVICE set): listens on 0.0.0.0:$PORT, logs JSON,
+'sandgate sandbox' (state under /var/lib/sandgate) on an image of the
+host's programs and libraries only, each in a user namespace where the
+kernel allows. On Cloud Run (K_SERVICE set): listens on 0.0.0.0:$PORT, logs JSON,
 drives Google's sandbox CLI, and needs SNAPSHOT_BUCKET.
 
 A malformed or unknown value stops it at start, naming the variable. It
@@ -53,7 +54,9 @@ Run (IAM in front) or with --allow-open.`,
 			&cli.StringFlag{Name: "snapshot-dir", Value: ".snapshots", Usage: "local store `DIR` when there is no bucket", EnvVars: []string{"SNAPSHOT_DIRECTORY"}},
 			&cli.StringFlag{Name: "state-dir", Value: "/var/lib/sandgate", Usage: "`DIR` for the service's own state: sandboxes, templates, layers in transit", EnvVars: []string{"SANDGATE_STATE_DIR"}},
 			&cli.StringFlag{Name: "sandbox-cli", Usage: "the sandbox `CLI` to drive (default: Google's at " + appliance.GoogleCLI + " when present, else this binary's 'sandbox')", EnvVars: []string{"SANDBOX_CLI"}},
-			&cli.StringFlag{Name: "rootfs", Usage: "host `DIR` sandboxes see as / (sandgate sandbox; default /)", EnvVars: []string{"SANDGATE_ROOTFS"}},
+			&cli.StringFlag{Name: "rootfs", Usage: "host `DIR` sandboxes see as /, all of it (sandgate sandbox; default: the host's programs and libraries and an /etc of the sandbox's own, nothing else of the host)", EnvVars: []string{"SANDGATE_ROOTFS"}},
+			&cli.StringFlag{Name: "hide", Usage: "host `PATHS` no sandbox may see, comma-separated, beside those serve hides itself (its state and snapshot directories, audit log, CA and module files)", EnvVars: []string{"SANDGATE_HIDE"}},
+			&cli.StringFlag{Name: "userns", Value: "auto", Usage: "run each sandbox in a user namespace: `MODE` auto (where the kernel allows), on (or refuse to start it), off (sandgate sandbox)", EnvVars: []string{"SANDGATE_USERNS"}},
 			&cli.StringFlag{Name: "allowed-hosts", Usage: "`HOSTS` every sandbox may reach, comma-separated (* is every host)", EnvVars: []string{"SANDBOX_ALLOWED_HOSTS"}},
 			&cli.StringFlag{Name: "base-urls", Usage: "`NAME=URL,...` base URL variables every sandbox gets (default ANTHROPIC_BASE_URL and OPENAI_BASE_URL; empty: none)", EnvVars: []string{"SANDBOX_BASE_URLS"}},
 			&cli.StringFlag{Name: "image-id", Usage: "`ID` of the image, in the template namespace (default $K_REVISION, else local)", EnvVars: []string{"SANDBOX_IMAGE_ID"}},
@@ -173,6 +176,11 @@ func checkServe(c *cli.Context) (*serveConfig, error) {
 	if c.Int("egress-port") < 0 || c.Int("egress-port") > 65535 {
 		return nil, badInput("SANDBOX_EGRESS_PORT %d: want 0 to 65535", c.Int("egress-port"))
 	}
+	switch v := c.String("userns"); v {
+	case "auto", "on", "off":
+	default:
+		return nil, badInput("SANDGATE_USERNS (--userns) %q: want auto, on or off", v)
+	}
 	if c.Duration("shutdown-grace") <= 0 {
 		return nil, badInput("SANDGATE_SHUTDOWN_GRACE: want a positive duration such as 9s")
 	}
@@ -254,13 +262,27 @@ func runServe(c *cli.Context) error {
 		go removeStaleUploads(ctx, d, logger)
 	}
 	defer st.Close()
-	state := c.String("state-dir")
+	state, err := filepath.Abs(c.String("state-dir"))
+	if err != nil {
+		return badInput("SANDGATE_STATE_DIR (--state-dir): %v", err)
+	}
 	l, err := appliance.NewLauncher(appliance.LauncherConfig{
 		CLI: c.String("sandbox-cli"), StateDir: filepath.Join(state, "sandboxes"),
 		Memory: sc.memory, Pids: c.Int("sandbox-pids"), Rootfs: c.String("rootfs"), Logger: logger,
+		Hide: hiddenPaths(c, state), PrivateDir: state, UserNS: userNSMode(c.String("userns")),
 	})
 	if err != nil {
 		return err
+	}
+	if !l.Google() {
+		// An image that shows the service's state cannot be run: say so
+		// now, not at the first create.
+		if err := os.MkdirAll(state, 0o700); err != nil {
+			return badInput("SANDGATE_STATE_DIR (--state-dir) %s: %v", state, err)
+		}
+		if err := localbox.CheckImage(c.String("rootfs"), hiddenPaths(c, state)); err != nil {
+			return badInput("SANDGATE_ROOTFS (--rootfs) %q: %v", c.String("rootfs"), err)
+		}
 	}
 	idle := c.Duration("idle-suspend")
 	if idle == 0 {
@@ -319,6 +341,38 @@ func runServe(c *cli.Context) error {
 	}
 	logger.Info("stopped")
 	return nil
+}
+
+// hiddenPaths are the host paths no sandbox may see: serve's state
+// directory (sandboxes' layers, layers in transit), a local snapshot
+// store, the files serve reads its configuration from or writes its
+// audit to, and what SANDGATE_HIDE names.
+func hiddenPaths(c *cli.Context, state string) []string {
+	out := []string{state}
+	add := func(p string) {
+		if p == "" || p == "-" {
+			return
+		}
+		if abs, err := filepath.Abs(p); err == nil && !slices.Contains(out, abs) {
+			out = append(out, abs)
+		}
+	}
+	if c.String("bucket") == "" {
+		add(c.String("snapshot-dir"))
+	}
+	add(c.String("audit-log"))
+	for _, f := range c.StringSlice("upstream-ca") {
+		add(f)
+	}
+	for _, spec := range *c.Generic("transform-module").(*moduleSpecs) {
+		if path, _, err := parseModuleSpec(spec); err == nil {
+			add(path)
+		}
+	}
+	for _, p := range splitAll([]string{c.String("hide")}) {
+		add(p)
+	}
+	return out
 }
 
 func storeName(c *cli.Context) string {

@@ -41,6 +41,11 @@
 //	                 destination=DST"); the ",readonly" suffix the launcher
 //	                 adds is not in the text we saw (only in third-party
 //	                 programs that drive the CLI).
+//	--rootfs DIR     confirmed (reference, `sandbox do`: "Run the command using
+//	                 the root of the executing container as the root
+//	                 directory of the sandbox"; `run --help` captured by a third
+//	                 party: default "/"). The shim passes it on: its sandboxes
+//	                 see this host's whole root, as Google's see the container's.
 //	--allow-egress   confirmed (reference, `sandbox do`: "Allow outbound
 //	                 network access"). The shim refuses it: sandboxes here
 //	                 have no network of their own, and the launcher does not
@@ -172,6 +177,7 @@ var verbs = map[string]verb{
 			{name: "write", kind: boolFlag},
 			{name: "import-tar", kind: stringFlag},
 			{name: "mount", kind: repeatedFlag},
+			{name: "rootfs", kind: stringFlag, def: "/"},
 			{name: "stdin", kind: boolFlag, def: "true"},
 			{name: "allow-egress", kind: boolFlag},
 			{name: "env", short: "e", kind: repeatedFlag},
@@ -222,8 +228,13 @@ type parsed struct {
 func parse(specs []flagSpec, args []string) (*parsed, error) {
 	p := &parsed{str: map[string]string{}, bools: map[string]bool{}, multi: map[string][]string{}}
 	for _, s := range specs {
-		if s.kind == boolFlag {
+		switch s.kind {
+		case boolFlag:
 			p.bools[s.name] = s.def == "true"
+		case stringFlag:
+			if s.def != "" {
+				p.str[s.name] = s.def
+			}
 		}
 	}
 	find := func(name string, short bool) *flagSpec {
@@ -348,6 +359,10 @@ func runVerb(p *parsed) error {
 	for _, m := range p.multi["mount"] {
 		args = append(args, "--mount", m)
 	}
+	// Google's sandboxes see the container's root file system, all of it
+	// (reference: "mounts the host container's root file system as
+	// read-only at /"), unless --rootfs names another directory.
+	args = append(args, "--rootfs", p.str["rootfs"])
 	for _, e := range p.multi["env"] {
 		args = append(args, "--env", e)
 	}
