@@ -187,7 +187,7 @@ func (s *Server) workspaceIn(w http.ResponseWriter, r *http.Request) {
 	if err := sb.TarIn(r.Context(), sandboxDir(s.cfg.WorkDir, r.PathValue("name")), src, agent.TarOptions{}); err != nil {
 		if se, ok := src.(*sourceErr); ok && se.err != nil && !errors.Is(se.err, transforms.ErrCredential) {
 			// The service's own reading of the tar (its decompression,
-			// its parser) refused it: bad input, as the agent's would be.
+			// its parser) refused it: bad input.
 			err = badRequest("the workspace tar: %v (nothing was applied)", se.err)
 		}
 		writeError(w, credentialFirst(err))
