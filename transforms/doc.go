@@ -6,7 +6,9 @@
 // that overwrites headers), the swap of placeholders for secrets, and the
 // scrubbing of those secrets from responses (secret → placeholder), including
 // gzip- and zstd-encoded bodies, streaming and without holding back more
-// than a secret's length needs.
+// than a secret's length needs; and the credential guard ([Guard]), which
+// refuses a secret in anything bound for a sandbox (values, streams, tars)
+// before any byte of it goes in.
 //
 // A secret is a [Secret]: it prints, logs and marshals as "[REDACTED]" and
 // nothing outside this package can read it back. The only places its value

@@ -49,6 +49,8 @@ func status(err error) int {
 	switch {
 	case errors.As(err, &he):
 		return he.status
+	case errors.Is(err, transforms.ErrCredential): // the credential guard (protocol 1 §8)
+		return http.StatusBadRequest
 	case errors.Is(err, appliance.ErrBadInput), errors.As(err, &re), errors.Is(err, netpolicy.ErrInvalidPolicy),
 		errors.Is(err, agent.ErrRefused), errors.Is(err, fs.ErrInvalid):
 		return http.StatusBadRequest

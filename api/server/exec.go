@@ -22,6 +22,7 @@ import (
 	"github.com/sandgate/sandgate/api"
 	"github.com/sandgate/sandgate/appliance"
 	"github.com/sandgate/sandgate/appliance/agent"
+	"github.com/sandgate/sandgate/transforms"
 )
 
 // process is a command started by exec: its agent process, the recent
@@ -258,6 +259,88 @@ func commandEnv(relay string, baseURLs, own map[string]string) ([]string, error)
 	return out, nil
 }
 
+// What the credential guard names when it refuses part of an exec.
+const (
+	whereCommand = "the command"
+	whereDir     = "the working directory"
+	whereEnv     = "the command's environment (a variable's name or value)"
+	whereStdin   = "the command's stdin"
+)
+
+// startEnv checks a command's start against the credential guard and
+// returns its variables (commandEnv). The caller's own variables, names
+// and values, are guarded before anything else reads them, so that no
+// error (a bad name is quoted) can carry a secret back; the variables as
+// the sandbox gets them (base URLs routed) are guarded too.
+func startEnv(g *transforms.Guard, relay string, baseURLs map[string]string, command, dir string, own map[string]string) ([]string, error) {
+	if err := g.Check(whereCommand, command); err != nil {
+		return nil, err
+	}
+	if err := g.Check(whereDir, dir); err != nil {
+		return nil, err
+	}
+	for k, v := range own {
+		if err := g.Check(whereEnv, k+"="+v); err != nil {
+			return nil, err
+		}
+	}
+	env, err := commandEnv(relay, baseURLs, own)
+	if err != nil {
+		return nil, err
+	}
+	if err := g.Check(whereEnv, env...); err != nil {
+		return nil, err
+	}
+	return env, nil
+}
+
+// guardedStdin is a command's stdin through the credential guard, for the
+// bytes that arrive once it runs. When a held secret comes, nothing of it
+// goes in: the command is killed first, so that it cannot take the bytes
+// before the secret for the whole of its input and act on them, and only
+// then does its stdin end. Its exit code is then 137 and its stderr says
+// why (the 200 and the process id are out by then: protocol 1 has no
+// other place to say it).
+type guardedStdin struct {
+	r    io.Reader           // the guard's reader over the request body
+	proc chan *agent.Process // the command, once Spawn returned it
+
+	mu  sync.Mutex
+	err error // the refusal, once a secret came
+}
+
+// stdinKillWait bounds how long a refused stdin waits for its command to
+// be known and killed.
+const stdinKillWait = 10 * time.Second
+
+func (s *guardedStdin) Read(b []byte) (int, error) {
+	n, err := s.r.Read(b)
+	if errors.Is(err, transforms.ErrCredential) {
+		s.mu.Lock()
+		s.err = err
+		s.mu.Unlock()
+		ctx, cancel := context.WithTimeout(context.Background(), stdinKillWait)
+		defer cancel()
+		select {
+		case ap := <-s.proc: // the copier runs only once Spawn has it
+			ap.Kill(ctx)
+		case <-ctx.Done():
+		}
+	}
+	return n, err
+}
+
+// refused is the guard's refusal of the command's stdin, or nil (also for
+// a nil guardedStdin: no guard).
+func (s *guardedStdin) refused() error {
+	if s == nil {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.err
+}
+
 // exitCode is a status as protocol 1 reports it: 128+n for a signal.
 func exitCode(st agent.ExitStatus) int {
 	if st.Signal != 0 {
@@ -302,26 +385,37 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	if dir == "" {
-		dir = sandboxDir(s.cfg.WorkDir, name)
-	}
 	st := s.state(name)
 	st.mu.Lock()
-	baseURLs, secrets := s.effectiveBaseURLs(st.baseURLs), st.secrets
+	baseURLs, g := s.effectiveBaseURLs(st.baseURLs), st.guard
 	st.mu.Unlock()
-	env, err := commandEnv(sb.RelayAddr(), baseURLs, own)
+	env, err := startEnv(g, sb.RelayAddr(), baseURLs, command, dir, own)
 	if err != nil {
 		writeError(w, err)
 		return
 	}
-	if err := guard(secrets, append([]string{command}, env...)...); err != nil {
-		writeError(w, err)
-		return
+	if dir == "" {
+		dir = sandboxDir(s.cfg.WorkDir, name)
+	}
+	// The stdin already here is looked at before anything starts: a
+	// secret in it is a 400 like one in the command. What is still on its
+	// way is guarded as it streams (guardedStdin).
+	if b, _ := br.Peek(br.Buffered()); len(b) > 0 {
+		if _, err := g.Scanner(whereStdin).Write(b); err != nil {
+			writeError(w, err)
+			return
+		}
 	}
 	p := newProcess(newID(), s.cfg.OutputBytes)
+	stdin := io.Reader(br)
+	var gs *guardedStdin
+	if !g.Empty() {
+		gs = &guardedStdin{r: g.Reader(br, whereStdin), proc: make(chan *agent.Process, 1)}
+		stdin = gs
+	}
 	ap, err := sb.Spawn(sb.Context(), agent.Cmd{
 		Args: []string{"/bin/sh", "-c", command}, Env: env, Dir: dir,
-		Stdin: br, Stdout: outputWriter{p, api.ChannelStdout}, Stderr: outputWriter{p, api.ChannelStderr},
+		Stdin: stdin, Stdout: outputWriter{p, api.ChannelStdout}, Stderr: outputWriter{p, api.ChannelStderr},
 	})
 	switch {
 	case err != nil && errors.Is(err, fs.ErrNotExist) && missingDir(r.Context(), sb, dir):
@@ -334,12 +428,18 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 		return
 	default:
 		p.agent = ap
+		if gs != nil {
+			gs.proc <- ap
+		}
 		go func() {
 			status, err := ap.Wait(context.WithoutCancel(r.Context()))
 			code := exitCode(status)
 			if err != nil {
 				code = 255
 				outputWriter{p, api.ChannelStderr}.Write([]byte("sandgate: " + err.Error() + "\n"))
+			}
+			if refused := gs.refused(); refused != nil {
+				outputWriter{p, api.ChannelStderr}.Write([]byte("sandgate: the command was killed and its stdin cut short: " + refused.Error() + "\n"))
 			}
 			p.finish(code)
 		}()

@@ -16,11 +16,13 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"testing/iotest"
 
 	"golang.org/x/net/http/httpguts"
 
 	"github.com/sandgate/sandgate/api"
 	"github.com/sandgate/sandgate/netpolicy"
+	"github.com/sandgate/sandgate/transforms"
 )
 
 // Fuzz targets for every parser of untrusted input in the server: exec's
@@ -140,8 +142,9 @@ const fuzzSecret = "sk-ant-api03-fuzzsecret"
 
 // FuzzExecRequest reads an exec body as the exec route does: the first
 // line (413 past 1 MiB without a newline, 400 without one), the stdin
-// after it intact, then the line's fields, the command's variables and the
-// credential guard.
+// after it intact, then the line's fields, the credential guard (command,
+// working directory, variables' names and values), the command's
+// variables, and the guard of its stdin.
 func FuzzExecRequest(f *testing.F) {
 	for _, s := range []string{
 		`{"command":"echo hi"}` + "\n",
@@ -157,6 +160,11 @@ func FuzzExecRequest(f *testing.F) {
 		`{"command":"x"} trailing` + "\n", `{"command":"x"}{"command":"y"}` + "\n", `{"command":"x"` + "\n" + `}`,
 		`{"command":"echo ` + fuzzSecret + `"}` + "\n",
 		`{"command":"x","env":{"K":"Bearer ` + fuzzSecret + `"}}` + "\n",
+		`{"command":"x","env":{"` + fuzzSecret + `":"v"}}` + "\n", // a bad name: refused as the secret, not quoted
+		`{"command":"x","env":{"sk":"ant-api03-fuzzsecret"}}` + "\n",
+		`{"command":"x","workingDirectory":"/w/` + fuzzSecret + `"}` + "\n",
+		`{"command":"cat"}` + "\nabc" + fuzzSecret + "def",
+		`{"command":"cat"}` + "\nsk-ant-api03-fuzzsecre",
 		`{"command":"x","env":{"ANTHROPIC_BASE_URL":"https://api.example.com/v1/"}}` + "\n",
 		`{"command":"x","env":{"ANTHROPIC_BASE_URL":"not a url"}}` + "\n",
 		`{"command":"\ud800"}` + "\n", "{\"command\":\"\xff\xfe\"}\n",
@@ -234,14 +242,30 @@ func FuzzExecRequest(f *testing.F) {
 			}
 		}
 
+		// The credential guard comes first: the command, the working
+		// directory, a variable's name or value holding the secret is a
+		// 400 that names the place and never quotes the secret.
+		g := transforms.NewGuard(fuzzSecret)
+		holds := strings.Contains(command, fuzzSecret) || strings.Contains(dir, fuzzSecret)
+		for k, v := range own {
+			holds = holds || strings.Contains(k+"="+v, fuzzSecret)
+		}
+		env, err := startEnv(g, relay, baseURLs, command, dir, own)
+		if err != nil && strings.Contains(err.Error(), fuzzSecret) {
+			t.Fatalf("the error quotes the secret: %v", err)
+		}
+		if holds {
+			wantStatus(t, err, http.StatusBadRequest, "a command holding the secret")
+			if !errors.Is(err, transforms.ErrCredential) || !strings.HasPrefix(err.Error(), transforms.CredentialPhrase) {
+				t.Fatalf("a command holding the secret: %v, want the credential guard's refusal", err)
+			}
+			return
+		}
+
 		// The variables a command is given.
-		env, err := commandEnv(relay, baseURLs, own)
 		if i := slices.IndexFunc(slices.Collect(maps.Keys(own)), func(k string) bool { return !refEnvName(k) }); i >= 0 {
 			wantStatus(t, err, http.StatusBadRequest, "a bad variable name")
 			return
-		}
-		if err != nil {
-			t.Fatalf("commandEnv refused valid names %q: %v", own, err)
 		}
 		want := map[string]string{}
 		for k, v := range baseURLs {
@@ -253,6 +277,19 @@ func FuzzExecRequest(f *testing.F) {
 			}
 			want[k] = v
 		}
+		routedHolds := false
+		for k, v := range want {
+			routedHolds = routedHolds || strings.Contains(k+"="+v, fuzzSecret)
+		}
+		if routedHolds { // routing a base URL made it
+			if !errors.Is(err, transforms.ErrCredential) {
+				t.Fatalf("variables %q hold the secret once routed: %v, want the guard's refusal", want, err)
+			}
+			return
+		}
+		if err != nil {
+			t.Fatalf("startEnv refused valid names %q without the secret: %v", own, err)
+		}
 		if len(env) != len(want) {
 			t.Fatalf("variables %q, want %q", env, want)
 		}
@@ -263,14 +300,16 @@ func FuzzExecRequest(f *testing.F) {
 			}
 		}
 
-		// The credential guard: refused exactly when a value holds the
-		// secret.
-		values := append([]string{command}, env...)
-		holds := slices.ContainsFunc(values, func(v string) bool { return strings.Contains(v, fuzzSecret) })
-		if err := guard([]string{fuzzSecret}, values...); holds {
-			wantStatus(t, err, http.StatusBadRequest, "a command holding the secret")
-		} else if err != nil {
-			t.Fatalf("guard refused %q without the secret: %v", values, err)
+		// Stdin: the bytes after the line pass the guard's stream, in
+		// any chunking, exactly when they do not hold the secret.
+		stdin := body[nl+1:]
+		out, err := io.ReadAll(g.Reader(iotest.HalfReader(bytes.NewReader(stdin)), whereStdin))
+		if bytes.Contains(stdin, []byte(fuzzSecret)) {
+			if !errors.Is(err, transforms.ErrCredential) || bytes.Contains(out, []byte(fuzzSecret)) || !bytes.HasPrefix(stdin, out) {
+				t.Fatalf("stdin holding the secret: %q let through, %v", out, err)
+			}
+		} else if err != nil || !bytes.Equal(out, stdin) {
+			t.Fatalf("stdin %q: %q let through, %v", stdin, out, err)
 		}
 	})
 }
@@ -430,11 +469,11 @@ func FuzzTransformations(f *testing.F) {
 			if len(sec) < 12 {
 				t.Fatalf("held secret %q is under 12 characters", sec)
 			}
-			if guard(secrets, "echo x"+sec+"y") == nil {
+			if transforms.NewGuard(secrets...).Check(whereCommand, "echo x"+sec+"y") == nil {
 				t.Fatalf("guard lets a command holding %q through", sec)
 			}
 		}
-		if guard(secrets, "") != nil {
+		if transforms.NewGuard(secrets...).Check(whereCommand, "") != nil {
 			t.Fatal("guard refuses an empty command")
 		}
 

@@ -75,13 +75,13 @@ func (s *Server) resume(w http.ResponseWriter, r *http.Request) {
 	wasRunning := running == nil
 	// Replaced: allowed hosts and base URLs (a whole policy given to the
 	// network route goes too). Kept, if it runs: its transformations.
-	prevHosts, prevURLs, prevPolicy, prevRules, prevSecrets := st.allowedHosts, st.baseURLs, st.policy, st.rules, st.secrets
+	prevHosts, prevURLs, prevPolicy, prevRules, prevGuard := st.allowedHosts, st.baseURLs, st.policy, st.rules, st.guard
 	undo := func() {
-		st.allowedHosts, st.baseURLs, st.policy, st.rules, st.secrets = prevHosts, prevURLs, prevPolicy, prevRules, prevSecrets
+		st.allowedHosts, st.baseURLs, st.policy, st.rules, st.guard = prevHosts, prevURLs, prevPolicy, prevRules, prevGuard
 	}
 	st.allowedHosts, st.baseURLs, st.policy = nb.allowedHosts, nb.baseURLs, nil
 	if !wasRunning {
-		st.rules, st.secrets = nil, nil
+		st.rules, st.guard = nil, nil
 	}
 	n, err := s.network(st)
 	if err != nil {

@@ -227,10 +227,20 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // check is protocol 1's two checks, in order: the protocol header (absent
-// is fine), then the service token.
+// is fine), then the service token. Either header sent twice is a 400, not
+// "the first one wins": a request that says two things is refused rather
+// than read one way here and another way by whatever stands in front.
 func (s *Server) check(r *http.Request) error {
-	if v, ok := r.Header[http.CanonicalHeaderKey(api.HeaderProtocol)]; ok && (len(v) != 1 || v[0] != "1") {
-		return badRequest("this service speaks protocol 1; the request says %s %q: update the client", api.HeaderProtocol, strings.Join(v, ","))
+	if v, ok := r.Header[http.CanonicalHeaderKey(api.HeaderProtocol)]; ok {
+		if len(v) > 1 {
+			return badRequest("%s is sent %d times: send it once, as 1", api.HeaderProtocol, len(v))
+		}
+		if len(v) == 0 || v[0] != "1" {
+			return badRequest("this service speaks protocol 1; the request says %s %q: update the client", api.HeaderProtocol, strings.Join(v, ","))
+		}
+	}
+	if v := r.Header.Values(api.HeaderToken); len(v) > 1 {
+		return badRequest("%s is sent %d times: send the service token once", api.HeaderToken, len(v))
 	}
 	if s.cfg.LocalOnly {
 		if r.Header.Get("Origin") != "" {

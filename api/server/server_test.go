@@ -70,6 +70,34 @@ func TestEveryRequest(t *testing.T) {
 	if code, _, _ := get("/v1/sandboxes", map[string]string{api.HeaderToken: r.token}); code != 200 {
 		t.Errorf("no protocol header (accepted): %d", code)
 	}
+	// A header sent twice is refused (400), not read as its first value:
+	// the right token and a wrong one, the right token twice, and the
+	// protocol header twice.
+	twice := func(hdr http.Header) (int, string) {
+		req, _ := http.NewRequest("GET", r.hs.URL+"/v1/sandboxes", nil)
+		req.Header = hdr
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	for _, tc := range []struct {
+		what string
+		hdr  http.Header
+	}{
+		{"the token, then another", http.Header{api.HeaderToken: {r.token, "wrong"}}},
+		{"a wrong token, then the token", http.Header{api.HeaderToken: {"wrong", r.token}}},
+		{"the token twice", http.Header{api.HeaderToken: {r.token, r.token}}},
+		{"the protocol twice", http.Header{api.HeaderToken: {r.token}, api.HeaderProtocol: {"1", "1"}}},
+		{"the protocol twice, differing", http.Header{api.HeaderToken: {r.token}, api.HeaderProtocol: {"1", "2"}}},
+	} {
+		if code, body := twice(tc.hdr); code != http.StatusBadRequest || !strings.Contains(body, "times") || strings.Contains(body, r.token) {
+			t.Errorf("%s: %d %s, want 400 saying it was sent twice (and never the token)", tc.what, code, body)
+		}
+	}
 	// Routing: 404 and 405, JSON errors.
 	if code, body, _ := r.do("GET", "/v1/nothing", nil); code != 404 || !strings.HasPrefix(body, `{"error":`) {
 		t.Errorf("no route: %d %s", code, body)
@@ -567,6 +595,7 @@ while True:
 	// Refusals on the raw connection: token, path, port, sandbox.
 	for _, tc := range []struct{ target, hdr, want string }{
 		{"/v1/sandboxes/box/ports/4000/", "", "HTTP/1.1 401"},
+		{"/v1/sandboxes/box/ports/4000/", auth + auth, "HTTP/1.1 400"}, // the token twice
 		{"/v1/sandboxes/box/ports/0/", auth, "HTTP/1.1 404"},
 		{"/v1/sandboxes/box/ports/70000/", auth, "HTTP/1.1 404"},
 		{"/v1/sandboxes/none/ports/4000/", auth, "HTTP/1.1 404"},

@@ -12,6 +12,7 @@ import (
 	"github.com/sandgate/sandgate/appliance"
 	"github.com/sandgate/sandgate/appliance/agent"
 	"github.com/sandgate/sandgate/netpolicy"
+	"github.com/sandgate/sandgate/transforms"
 )
 
 // sandboxState is what the server keeps of a running sandbox, in memory
@@ -27,8 +28,8 @@ type sandboxState struct {
 	allowedHosts []string
 	baseURLs     map[string]string
 	policy       *netpolicy.Policy
-	rules        []transformation // as given, in order
-	secrets      []string         // the held secrets (protocol 1 §8)
+	rules        []transformation  // as given, in order
+	guard        *transforms.Guard // of the held secrets (protocol 1 §8); nil: none
 
 	pmu   sync.Mutex
 	procs map[string]*process
@@ -56,6 +57,21 @@ func (s *Server) forget(name string) {
 	if s.cfg.Audit != nil {
 		s.cfg.Audit.Forget(name)
 	}
+}
+
+// guardOf is the credential guard of sandbox name: nil (nothing held)
+// when the server keeps nothing of it. It makes no state of its own, so a
+// route may ask before it knows the sandbox runs.
+func (s *Server) guardOf(name string) *transforms.Guard {
+	s.mu.Lock()
+	st := s.boxes[name]
+	s.mu.Unlock()
+	if st == nil {
+		return nil
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return st.guard
 }
 
 // effectiveBaseURLs is the service's base URLs overlaid by the caller's.

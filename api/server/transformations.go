@@ -187,19 +187,6 @@ func placeholderFor(match json.RawMessage, name, scheme string) string {
 	return ""
 }
 
-// guard refuses (400) anything a sandbox would start that holds one of
-// its held secrets (protocol 1 §8): a placeholder passes.
-func guard(secrets []string, values ...string) error {
-	for _, v := range values {
-		for _, sec := range secrets {
-			if strings.Contains(v, sec) {
-				return badRequest("the command or its environment holds a credential of this sandbox's transformations; give the sandbox the placeholder, and the proxy swaps in the credential on the way out")
-			}
-		}
-	}
-	return nil
-}
-
 // transformationsRoute is POST (add) and PUT (replace).
 func (s *Server) transformationsRoute(w http.ResponseWriter, r *http.Request, replace bool) {
 	name := r.PathValue("name")
@@ -244,7 +231,7 @@ func (s *Server) transformationsRoute(w http.ResponseWriter, r *http.Request, re
 		return
 	}
 	sb.Relay().Transforms().Set(rs...)
-	st.secrets = heldSecrets(all)
+	st.guard = transforms.NewGuard(heldSecrets(all)...)
 	noContent(w)
 }
 
