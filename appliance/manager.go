@@ -360,7 +360,7 @@ func (m *Manager) Create(ctx context.Context, id string, opts CreateOptions) (sb
 	if b.getState() != "" {
 		return nil, fmt.Errorf("%w: sandbox %q is %s", ErrExists, id, b.getState())
 	}
-	if _, err := m.readRecord(ctx, snapshotRecordKey(id)); err == nil {
+	if _, err := m.suspended(ctx, id); err == nil {
 		return nil, fmt.Errorf("%w: sandbox %q is suspended (resume it, or destroy it first)", ErrExists, id)
 	} else if !errors.Is(err, store.ErrNotFound) {
 		return nil, err
@@ -406,7 +406,7 @@ func (m *Manager) Resume(ctx context.Context, id string, opts ResumeOptions) (sb
 		live.setNetwork(opts.Network)
 		return live, nil
 	}
-	rec, err := m.readRecord(ctx, snapshotRecordKey(id))
+	rec, err := m.suspended(ctx, id)
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, fmt.Errorf("%w: sandbox %q is neither running nor suspended", ErrNotFound, id)
 	}
@@ -426,9 +426,12 @@ func (m *Manager) Resume(ctx context.Context, id string, opts ResumeOptions) (sb
 		return nil, err
 	}
 	// Spent: the sandbox runs from it now. It stays in the store as the
-	// sandbox's last good state until its next save replaces it.
+	// sandbox's last good state until its next save replaces it (the
+	// reference service's object, as it is: its next save removes it).
 	rec.Spent = true
-	if err := m.writeRecord(ctx, snapshotRecordKey(id), rec); err != nil {
+	if rec.legacy {
+		m.log.Info("resumed a sandbox the reference service suspended; its next save is in sandgate's format", "sandbox", id, "object", rec.Layer)
+	} else if err := m.writeRecord(ctx, snapshotRecordKey(id), rec); err != nil {
 		m.log.Warn("sandbox resumed, but its snapshot could not be marked spent; the next suspend replaces it", "sandbox", id, "err", err)
 	}
 	m.met.suspended.Dec()
@@ -540,14 +543,19 @@ func (m *Manager) Destroy(ctx context.Context, id string) (err error) {
 			return err
 		}
 	}
-	rec, err := m.readRecord(ctx, snapshotRecordKey(id))
+	rec, err := m.suspended(ctx, id)
 	switch {
 	case errors.Is(err, store.ErrNotFound):
 		return nil
 	case err != nil:
 		return err
 	}
-	if err := m.deleteRecord(ctx, snapshotRecordKey(id), rec); err != nil {
+	if !rec.legacy {
+		if err := m.deleteRecord(ctx, snapshotRecordKey(id), rec); err != nil {
+			return err
+		}
+	}
+	if err := m.dropLegacy(ctx, id); err != nil {
 		return err
 	}
 	m.met.suspended.Dec()
@@ -596,7 +604,7 @@ func (m *Manager) Fork(ctx context.Context, src, dst string, opts ForkOptions) (
 	if db.getState() != "" {
 		return "", fmt.Errorf("%w: sandbox %q is %s", ErrExists, dst, db.getState())
 	}
-	if _, err := m.readRecord(ctx, snapshotRecordKey(dst)); err == nil {
+	if _, err := m.suspended(ctx, dst); err == nil {
 		return "", fmt.Errorf("%w: sandbox %q is suspended", ErrExists, dst)
 	} else if !errors.Is(err, store.ErrNotFound) {
 		return "", err
@@ -622,14 +630,18 @@ func (m *Manager) Fork(ctx context.Context, src, dst string, opts ForkOptions) (
 		}
 		return Running, nil
 	}
-	rec, err := m.readRecord(ctx, snapshotRecordKey(src))
+	rec, err := m.suspended(ctx, src)
 	if errors.Is(err, store.ErrNotFound) {
 		return "", fmt.Errorf("%w: sandbox %q is neither running nor suspended", ErrNotFound, src)
 	}
 	if err != nil {
 		return "", err
 	}
-	if err := m.copySnapshot(ctx, rec, dst); err != nil {
+	copy := m.copySnapshot
+	if rec.legacy {
+		copy = m.copyLegacy
+	}
+	if err := copy(ctx, rec, dst); err != nil {
 		return "", err
 	}
 	m.met.suspended.Inc()
@@ -648,7 +660,7 @@ func (m *Manager) Get(ctx context.Context, id string) (Info, error) {
 	if b != nil && b.getState() != "" {
 		return m.liveInfo(b), nil
 	}
-	rec, err := m.readRecord(ctx, snapshotRecordKey(id))
+	rec, err := m.suspended(ctx, id)
 	if errors.Is(err, store.ErrNotFound) {
 		return Info{}, fmt.Errorf("%w: sandbox %q is neither running nor suspended", ErrNotFound, id)
 	}
@@ -682,7 +694,7 @@ func (m *Manager) List(ctx context.Context) ([]Info, error) {
 		if seen[id] {
 			continue // resumed meanwhile
 		}
-		rec, err := m.readRecord(ctx, snapshotRecordKey(id))
+		rec, err := m.suspended(ctx, id)
 		if err != nil {
 			continue // destroyed or resumed meanwhile
 		}

@@ -62,6 +62,13 @@ func (m *Manager) start(ctx context.Context, b *box, rec *record, so startOption
 		return nil, err
 	}
 	switch {
+	case rec != nil && rec.legacy:
+		file, cleanup, err := m.fetchLegacy(ctx, rec.Layer)
+		if err != nil {
+			return fail(err)
+		}
+		cleanups = append(cleanups, cleanup)
+		opts.ImportTar = file
 	case rec != nil && rec.Base != "" && !m.l.Templates():
 		file, cleanup, err := m.mergeToFile(ctx, b.base, rec.Layer, rec.Digest)
 		if err != nil {

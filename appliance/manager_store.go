@@ -16,6 +16,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sandgate/sandgate/appliance/localbox"
 	"github.com/sandgate/sandgate/snapshot"
 	"github.com/sandgate/sandgate/snapshot/store"
 )
@@ -38,6 +39,14 @@ import (
 // record.
 
 func snapshotRecordKey(id string) string { return "snapshots/" + id + ".json" }
+
+// legacyKey is where the reference service of protocol 1
+// (ai-sdk-sandbox-cloud-run) keeps a suspended sandbox in the same bucket:
+// a gzipped tar of its writable layer, as the sandbox CLI's tar writes it.
+// sandgate adopts such a sandbox: it is suspended, resumes from that
+// layer, is saved in sandgate's own format at its next save (the old
+// object removed once the new one is written), and destroy removes it.
+func legacyKey(id string) string { return "snapshots/" + id + ".tar.gz" }
 
 func (m *Manager) templateRecordKey(name string) string {
 	return "templates/" + m.ns + "/" + name + ".json"
@@ -75,6 +84,10 @@ type record struct {
 	// it, so that a service (or an instance) that dies without saving
 	// loses only what changed since.
 	Spent bool `json:"spent,omitempty"`
+
+	// legacy: not a record in the store but the reference service's
+	// object at legacyKey (Layer), which has no digest to check.
+	legacy bool
 }
 
 // baseRecord is the template layer a snapshot is a delta onto, or nil.
@@ -87,6 +100,78 @@ func (r *record) baseRecord() *record {
 
 func (r *record) info(id string) Info {
 	return Info{ID: id, State: Suspended, Created: r.Created, LayerBytes: r.Size, Template: r.Template}
+}
+
+// suspended is the snapshot of sandbox id: its record, or else the
+// reference service's object for it (a legacy record); neither is
+// store.ErrNotFound.
+func (m *Manager) suspended(ctx context.Context, id string) (*record, error) {
+	rec, err := m.readRecord(ctx, snapshotRecordKey(id))
+	if !errors.Is(err, store.ErrNotFound) {
+		return rec, err
+	}
+	in, serr := m.st.Stat(ctx, legacyKey(id))
+	if errors.Is(serr, store.ErrNotFound) {
+		return nil, err
+	}
+	if serr != nil {
+		return nil, fmt.Errorf("%w: reading %s: %v", ErrStore, legacyKey(id), serr)
+	}
+	return &record{Layer: legacyKey(id), Size: in.Size, Created: in.Modified, Saved: in.Modified, legacy: true}, nil
+}
+
+// dropLegacy removes the reference service's object of sandbox id, if
+// any: once a record of sandgate's own is written, or when it is destroyed.
+func (m *Manager) dropLegacy(ctx context.Context, id string) error {
+	if err := m.st.Delete(ctx, legacyKey(id)); err != nil && !errors.Is(err, store.ErrNotFound) {
+		return fmt.Errorf("%w: removing %s: %v", ErrStore, legacyKey(id), err)
+	}
+	return nil
+}
+
+// fetchLegacy copies the reference service's layer of a sandbox (a
+// gzipped tar) to a temporary file, decompressed for a CLI that imports
+// bare tars only. It has no digest: a damaged one fails when unpacked, and
+// the object stays.
+func (m *Manager) fetchLegacy(ctx context.Context, key string) (string, func(), error) {
+	rc, err := m.st.Get(ctx, key)
+	if err != nil {
+		return "", nil, fmt.Errorf("%w: reading %s: %v", ErrStore, key, err)
+	}
+	defer rc.Close()
+	ext := snapshot.Gzip.Ext()
+	var r io.Reader = rc
+	if m.l.BareImports() {
+		dec, err := snapshot.Decompress(rc)
+		if err != nil {
+			return "", nil, fmt.Errorf("%w: %s is not a layer tar: %v", ErrStore, key, err)
+		}
+		defer dec.Close()
+		r, ext = dec, snapshot.None.Ext()
+	}
+	file, cleanup, err := m.tempFile("legacy-*" + ext)
+	if err != nil {
+		return "", nil, err
+	}
+	if err := copyToFile(file, r); err != nil {
+		cleanup()
+		return "", nil, fmt.Errorf("%w: reading %s: %v", ErrStore, key, err)
+	}
+	return file, cleanup, nil
+}
+
+// copyLegacy copies the reference service's object of a suspended sandbox
+// to dst's: dst is then such a sandbox too.
+func (m *Manager) copyLegacy(ctx context.Context, src *record, dst string) error {
+	rc, err := m.st.Get(ctx, src.Layer)
+	if err != nil {
+		return fmt.Errorf("%w: reading %s: %v", ErrStore, src.Layer, err)
+	}
+	defer rc.Close()
+	if _, err := m.st.Put(ctx, legacyKey(dst), rc, store.PutOptions{IfNotExist: true}); err != nil {
+		return fmt.Errorf("%w: copying %s: %v", ErrStore, src.Layer, err)
+	}
+	return nil
 }
 
 // readRecord reads the record under key; a missing one is store.ErrNotFound.
@@ -222,6 +307,9 @@ func (m *Manager) saveSnapshotOf(ctx context.Context, id string, created time.Ti
 	}
 	if old != nil && old.Layer != key {
 		m.deleteLayer(ctx, old.Layer)
+	}
+	if err := m.dropLegacy(ctx, id); err != nil {
+		m.log.Warn("saved in sandgate's format, but the reference service's old object could not be removed; destroy removes it", "sandbox", id, "err", err)
 	}
 	return rec, nil
 }
@@ -363,9 +451,15 @@ func (m *Manager) suspendedIDs(ctx context.Context) ([]string, error) {
 		return nil, fmt.Errorf("%w: listing snapshots: %v", ErrStore, err)
 	}
 	var ids []string
+	seen := map[string]bool{}
 	for _, in := range infos {
 		rest := strings.TrimPrefix(in.Name, "snapshots/")
-		if id, ok := strings.CutSuffix(rest, ".json"); ok && !strings.Contains(id, "/") {
+		id, ok := strings.CutSuffix(rest, ".json")
+		if !ok {
+			id, ok = strings.CutSuffix(rest, ".tar.gz") // the reference service's
+		}
+		if ok && !strings.Contains(id, "/") && localbox.CheckID(id) == nil && !seen[id] {
+			seen[id] = true
 			ids = append(ids, id)
 		}
 	}
@@ -380,7 +474,7 @@ func (m *Manager) snapshotRecords(ctx context.Context) (map[string]*record, erro
 	}
 	out := map[string]*record{}
 	for _, id := range ids {
-		r, err := m.readRecord(ctx, snapshotRecordKey(id))
+		r, err := m.readRecord(ctx, snapshotRecordKey(id)) // a legacy object is no record
 		if errors.Is(err, store.ErrNotFound) {
 			continue
 		}

@@ -31,6 +31,9 @@ const (
 	CodeLocalName    Code = "local_name"
 	CodeAddressClass Code = "address_class"
 	CodeDeniedCIDR   Code = "denied_cidr"
+	// CodePlainHTTP: an http route to an address the operator did not
+	// open (cleartext goes only to a private network the operator chose).
+	CodePlainHTTP Code = "plain_http"
 )
 
 // Decision is the outcome of judging one destination: whether it is
@@ -84,6 +87,10 @@ type DecideArgs struct {
 	// Route says the destination is a base-URL route's, which the
 	// policy's RouteHosts admit too.
 	Route bool
+	// Plain says the route is an http one (cleartext): forwarded only to
+	// addresses the operator exempted from the address-class refusal
+	// (AllowPrivate), and only for a route.
+	Plain bool
 }
 
 // Decide judges a destination. A name is checked against the host rules
@@ -105,15 +112,27 @@ func (d *Decider) Decide(ctx context.Context, args DecideArgs) (Decision, error)
 		return deny(dec, CodeInvalidHost, "", err.Error()), nil
 	}
 	dec.Host = h
-	if dec.Port != HTTPSPort {
-		return deny(dec, CodePort, "port", fmt.Sprintf("port %d is not allowed: HTTPS (443) only", dec.Port)), nil
-	}
 	p := args.Policy
+	if args.Plain && !args.Route {
+		return deny(dec, CodePlainHTTP, "plain", "plain http is refused: only a base-URL route may be http, and only to an address the operator opened"), nil
+	}
+	if port := defaultPort(args.Plain); dec.Port != port {
+		switch {
+		case !args.Route:
+			return deny(dec, CodePort, "port", fmt.Sprintf("port %d is not allowed: HTTPS (443) only", dec.Port)), nil
+		case !p.hasOrigin(args.Plain, h, dec.Port):
+			return deny(dec, CodePort, "port", fmt.Sprintf("port %d is not allowed: a route reaches port %d, or the port of one of the sandbox's own base URLs (%s:%d is none)", dec.Port, port, h, dec.Port)), nil
+		}
+	}
 	if p.mode() == DenyAll {
 		return deny(dec, CodeDenyAll, "mode:deny-all", "the deny-all policy refuses every host"), nil
 	}
 	if h.IsIP() {
-		return d.decideAddr(dec, p), nil
+		dec = d.decideAddr(dec, p, args)
+		if dec.Allow && args.Plain {
+			dec, _ = d.plainRefused(dec)
+		}
+		return dec, nil
 	}
 	if why := hm.local; why != "" {
 		return deny(dec, CodeLocalName, "name:"+h.Name, fmt.Sprintf("%s is refused before any lookup: %s", h.Name, why)), nil
@@ -146,8 +165,34 @@ func (d *Decider) Decide(ctx context.Context, args DecideArgs) (Decision, error)
 	if len(dec.Addrs) == 0 {
 		return denyRefusals(dec, h.Name, refusals), nil
 	}
+	if args.Plain {
+		if d, bad := d.plainRefused(dec); bad {
+			return d, nil
+		}
+	}
 	dec.Allow, dec.Code, dec.Rule, dec.Reason = true, code, rule, reason
 	return dec, nil
+}
+
+// defaultPort is the port a route or tunnel reaches without saying.
+func defaultPort(plain bool) int {
+	if plain {
+		return 80
+	}
+	return HTTPSPort
+}
+
+// plainRefused refuses an http route unless every address it may dial is
+// one the operator exempted from the address classes: cleartext, and
+// credentials swapped into it, go only to a private network the operator
+// chose, never across the internet.
+func (d *Decider) plainRefused(dec Decision) (Decision, bool) {
+	for _, a := range dec.Addrs {
+		if !d.exempt(a) {
+			return deny(dec, CodePlainHTTP, "plain", fmt.Sprintf("an http route to %s is refused: %s is not an address the operator opened (SANDBOX_ALLOW_PRIVATE_NETWORK, SANDBOX_ALLOW_PRIVATE), and cleartext never crosses the internet; use https", dec.Host, a)), true
+		}
+	}
+	return dec, false
 }
 
 // matchName finds the rule allowing a name. It returns an empty rule and
@@ -175,12 +220,18 @@ func (d *Decider) matchName(p Policy, name string, route bool) (rule string, cod
 
 // decideAddr judges an IP-literal target: only an allowedCIDRs rule (or the
 // allow-all mode) admits one.
-func (d *Decider) decideAddr(dec Decision, p Policy) Decision {
+func (d *Decider) decideAddr(dec Decision, p Policy, args DecideArgs) Decision {
 	a := dec.Host.Addr
 	if r, bad := d.refuse(p, a); bad {
 		return deny(dec, r.code, r.rule, r.why)
 	}
 	ua := a.Unmap()
+	if args.Route && p.hasOrigin(args.Plain, dec.Host, dec.Port) {
+		dec.Allow, dec.Code, dec.Rule = true, CodeRouteHost, "routeOrigins:"+dec.Host.String()
+		dec.Reason = fmt.Sprintf("%s is the address of one of the sandbox's base URLs, which routes may reach", a)
+		dec.Addrs = []netip.Addr{ua}
+		return dec
+	}
 	if p.mode() == AllowAll {
 		dec.Allow, dec.Code, dec.Rule, dec.Reason = true, CodeAllowAll, "mode:allow-all", "the allow-all policy allows every public address"
 		dec.Addrs = []netip.Addr{ua}
@@ -229,6 +280,9 @@ func (d *Decider) refuse(p Policy, a netip.Addr) (refusal, bool) {
 	if class == Public {
 		return refusal{}, false
 	}
+	// Protocol 1's wording, which its clients' tests match: "<address> is
+	// not reachable from the sandbox", then why.
+	why = fmt.Sprintf("%s is not reachable from the sandbox (%s)", a, strings.TrimPrefix(why, a.String()+" is "))
 	return refusal{addr: a, code: CodeAddressClass, class: class, rule: "class:" + string(class), why: why}, true
 }
 
@@ -258,7 +312,7 @@ func denyRefusals(dec Decision, name string, rs []refusal) Decision {
 	list := strings.Join(addrs, ", ")
 	switch {
 	case same && first.code == CodeAddressClass:
-		return deny(dec, first.code, first.rule, fmt.Sprintf("%s resolves only to %s addresses (%s)", name, first.class, list))
+		return deny(dec, first.code, first.rule, fmt.Sprintf("%s is not reachable from the sandbox: %s resolves only to %s addresses", list, name, first.class))
 	case same && first.code == CodeDeniedCIDR:
 		return deny(dec, first.code, first.rule, fmt.Sprintf("%s resolves only to addresses in denied CIDR %s (%s)", name, strings.TrimPrefix(first.rule, "deniedCIDRs:"), list))
 	}

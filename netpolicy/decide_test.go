@@ -48,6 +48,7 @@ func TestDecide(t *testing.T) {
 	srv.Set("loopmix.example.com", addrs("127.0.0.1", "10.1.1.1")...)
 	srv.Set("mapped.example.com", addrs("::ffff:127.0.0.1")...)
 	srv.Set("meta.example.com", addrs("169.254.169.254")...)
+	srv.Set("intranet", addrs("10.0.0.7")...)
 	srv.Set("denied.example.com", addrs("93.184.216.99")...)
 	srv.Set("nat64denied.example.com", addrs("64:ff9b::5db8:d863")...) // 93.184.216.99
 	srv.Set("6to4denied.example.com", addrs("2002:5db8:d863::1")...)   // 93.184.216.99
@@ -73,25 +74,25 @@ func TestDecide(t *testing.T) {
 		{"no rule", custom, "other.example.com", 443, false, CodeNoRule, "no allowedHosts rule", nil},
 		{"port 22", custom, "api.example.com", 22, false, CodePort, "port 22 is not allowed: HTTPS (443) only", nil},
 		{"port 80", custom, "api.example.com", 80, false, CodePort, "HTTPS (443) only", nil},
-		{"private only", custom, "private.example.com", 443, false, CodeAddressClass, "private.example.com resolves only to private addresses (10.0.0.5)", nil},
+		{"private only", custom, "private.example.com", 443, false, CodeAddressClass, "10.0.0.5 is not reachable from the sandbox: private.example.com resolves only to private addresses", nil},
 		{"mixed keeps public", custom, "mixed.example.com", 443, true, CodeAllowedHost, "", addrs("93.184.216.37")},
-		{"two classes", custom, "loopmix.example.com", 443, false, CodeAddressClass, "resolves only to refused addresses: 127.0.0.1 is a loopback address; 10.1.1.1 is a private address", nil},
+		{"two classes", custom, "loopmix.example.com", 443, false, CodeAddressClass, "resolves only to refused addresses: 127.0.0.1 is not reachable from the sandbox (a loopback address); 10.1.1.1 is not reachable from the sandbox (a private address)", nil},
 		{"mapped answer", custom, "mapped.example.com", 443, false, CodeAddressClass, "loopback", nil},
-		{"metadata answer", custom, "meta.example.com", 443, false, CodeAddressClass, "cloud metadata addresses (169.254.169.254)", nil},
+		{"metadata answer", custom, "meta.example.com", 443, false, CodeAddressClass, "169.254.169.254 is not reachable from the sandbox: meta.example.com resolves only to cloud metadata addresses", nil},
 		{"denied CIDR wins", custom, "denied.example.com", 443, false, CodeDeniedCIDR, "denied CIDR 93.184.216.99/32", nil},
 		{"denied CIDR via NAT64", allowAllDenying(), "nat64denied.example.com", 443, false, CodeDeniedCIDR, "denied CIDR 93.184.216.99/32", nil},
 		{"denied CIDR via 6to4", allowAllDenying(), "6to4denied.example.com", 443, false, CodeDeniedCIDR, "denied CIDR", nil},
 		{"denied CIDR via SIIT", allowAllDenying(), "siitdenied.example.com", 443, false, CodeDeniedCIDR, "denied CIDR", nil},
 		{"denied CIDR via mapped", allowAllDenying(), "mappeddenied.example.com", 443, false, CodeDeniedCIDR, "denied CIDR", nil},
-		{"localhost never looked up", custom, "x.localhost", 443, false, CodeLocalName, "", nil},
+		{"localhost is loopback", custom, "x.localhost", 443, false, CodeAddressClass, "127.0.0.1, ::1 is not reachable from the sandbox: x.localhost resolves only to loopback addresses", nil},
 		{"metadata name", allowAll(), "metadata.google.internal", 443, false, CodeLocalName, "metadata", nil},
-		{"sub.localhost", allowAll(), "x.localhost", 443, false, CodeLocalName, "", nil},
-		{"single label", allowAll(), "intranet", 443, false, CodeLocalName, "single-label", nil},
+		{"sub.localhost", allowAll(), "x.localhost", 443, false, CodeAddressClass, "is not reachable from the sandbox", nil},
+		{"single label", allowAll(), "intranet", 443, false, CodeAddressClass, "10.0.0.7 is not reachable from the sandbox", nil},
 		{"IP literal in CIDR", custom, "93.184.216.1", 443, true, CodeAllowedCIDR, "93.184.216.1 is in allowed CIDR 93.184.216.0/24", addrs("93.184.216.1")},
 		{"IP literal not in CIDR", custom, "8.8.8.8", 443, false, CodeNoRule, "IP-literal targets are allowed only by an allowedCIDRs rule", nil},
 		{"IP literal denied", custom, "93.184.216.99", 443, false, CodeDeniedCIDR, "", nil},
 		{"IP literal allow-all", allowAll(), "8.8.8.8", 443, true, CodeAllowAll, "", addrs("8.8.8.8")},
-		{"decimal loopback", allowAll(), "2130706433", 443, false, CodeAddressClass, "127.0.0.1 is a loopback address", nil},
+		{"decimal loopback", allowAll(), "2130706433", 443, false, CodeAddressClass, "127.0.0.1 is not reachable from the sandbox (a loopback address)", nil},
 		{"hex loopback", allowAll(), "0x7f.1", 443, false, CodeAddressClass, "loopback", nil},
 		{"octal loopback", allowAll(), "0177.0.0.1", 443, false, CodeAddressClass, "loopback", nil},
 		{"short loopback", allowAll(), "127.1", 443, false, CodeAddressClass, "loopback", nil},
@@ -125,7 +126,7 @@ func TestDecide(t *testing.T) {
 			}
 		})
 	}
-	for _, name := range []string{"x.localhost", "metadata.google.internal", "wild.example.com", "other.example.com"} {
+	for _, name := range []string{"x.localhost", "localhost", "metadata.google.internal", "wild.example.com", "other.example.com"} {
 		if n := srv.Queries(name); n != 0 {
 			t.Errorf("%s was looked up %d times; names not allowed must never be resolved", name, n)
 		}
@@ -189,7 +190,7 @@ func TestDecideRebinding(t *testing.T) {
 	if err != nil || dec.Allow {
 		t.Fatalf("second Decide = %+v, %v; want deny", dec, err)
 	}
-	if want := "rebind.example.com resolves only to private addresses (10.0.0.5)"; dec.Reason != want {
+	if want := "10.0.0.5 is not reachable from the sandbox: rebind.example.com resolves only to private addresses"; dec.Reason != want {
 		t.Errorf("reason %q, want %q", dec.Reason, want)
 	}
 }
@@ -257,5 +258,74 @@ func TestRouteHostsAdmitRoutesOnly(t *testing.T) {
 	tunnel, err := d.Decide(t.Context(), DecideArgs{Policy: p, Host: "api.example.com"})
 	if err != nil || tunnel.Allow || tunnel.Code != CodeNoRule {
 		t.Errorf("CONNECT: %+v %v, want refused (no rule)", tunnel, err)
+	}
+}
+
+// TestDecideRoutes covers what a base-URL route may reach beyond a
+// CONNECT tunnel: a base URL's own port, an http base URL (only at an
+// address the operator opened), a base URL's IP literal.
+func TestDecideRoutes(t *testing.T) {
+	d, srv := newTestDecider(t)
+	d.AllowPrivate = []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}
+	srv.Set("api.example.com", addrs("93.184.216.34")...)
+	srv.Set("model.example.com", addrs("127.0.0.9")...)
+	origins := func(urls ...string) []Origin {
+		var out []Origin
+		for _, u := range urls {
+			o, ok := OriginOf(u)
+			if !ok {
+				t.Fatalf("OriginOf(%q) failed", u)
+			}
+			out = append(out, o)
+		}
+		return out
+	}
+	p := Policy{Mode: Custom,
+		RouteHosts:   []HostRule{{pattern: "api.example.com"}, {pattern: "model.example.com"}},
+		RouteOrigins: origins("https://api.example.com:8443/v1", "http://model.example.com:9/api", "http://127.0.0.1:9/api", "http://api.example.com/x")}
+	tests := []struct {
+		name         string
+		host         string
+		port         int
+		route, plain bool
+		allow        bool
+		code         Code
+		reason       string
+	}{
+		{"route to a base URL's own port", "api.example.com", 8443, true, false, true, CodeRouteHost, ""},
+		{"CONNECT to that port", "api.example.com", 8443, false, false, false, CodePort, "HTTPS (443) only"},
+		{"route to another port", "api.example.com", 8444, true, false, false, CodePort, "api.example.com:8444 is none"},
+		{"http route to an opened address", "model.example.com", 9, true, true, true, CodeRouteHost, ""},
+		{"http route to a public address", "api.example.com", 80, true, true, false, CodePlainHTTP, "93.184.216.34 is not an address the operator opened"},
+		{"http route to an opened IP literal", "127.0.0.1", 9, true, true, true, CodeRouteHost, ""},
+		{"http route to an IP literal no base URL names", "127.0.0.1", 80, true, true, false, CodeNoRule, ""},
+		{"plain http without a route", "model.example.com", 80, false, true, false, CodePlainHTTP, "only a base-URL route"},
+		{"https route to the http base URL's port", "model.example.com", 9, true, false, false, CodePort, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dec, err := d.Decide(context.Background(), DecideArgs{Policy: p, Host: tt.host, Port: tt.port, Route: tt.route, Plain: tt.plain})
+			if err != nil {
+				t.Fatalf("Decide: %v", err)
+			}
+			if dec.Allow != tt.allow || dec.Code != tt.code || !strings.Contains(dec.Reason, tt.reason) {
+				t.Errorf("Decide = %v %s (%s); want %v %s containing %q", dec.Allow, dec.Code, dec.Reason, tt.allow, tt.code, tt.reason)
+			}
+		})
+	}
+	for in, want := range map[string]Origin{
+		"https://Api.Example.com/v1": {Host: "api.example.com", Port: 443},
+		"http://u:p@127.0.0.1:9/x?y": {Plain: true, Host: "127.0.0.1", Port: 9},
+		"https://[::1]:8443":         {Host: "::1", Port: 8443},
+		"HTTP://model.example.com#f": {Plain: true, Host: "model.example.com", Port: 80},
+	} {
+		if got, ok := OriginOf(in); !ok || got != want {
+			t.Errorf("OriginOf(%q) = %+v, %v; want %+v", in, got, ok, want)
+		}
+	}
+	for _, in := range []string{"ftp://x.example", "example.com", "https://", "https://a b/"} {
+		if got, ok := OriginOf(in); ok {
+			t.Errorf("OriginOf(%q) = %+v; want none", in, got)
+		}
 	}
 }

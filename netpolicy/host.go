@@ -279,20 +279,14 @@ func parsePort(s string) (int, error) {
 }
 
 // localNameReason says why a canonical name is refused before any lookup, or
-// "" when it may be looked up. Names that only mean something on the local
-// network or to a cloud's metadata service never leave the sandbox.
+// "" when it may be looked up: a cloud's metadata service is never asked
+// for. Other local names (single labels, .internal, .local, localhost) are
+// looked up like any name a rule allows, and their addresses judged: they
+// resolve to private addresses, refused unless the operator opened them.
 func localNameReason(name string) string {
-	if !strings.Contains(name, ".") {
-		return "a single-label name is never a public host"
-	}
 	for _, n := range localNames {
 		if name == n {
 			return "it names a cloud metadata service"
-		}
-	}
-	for _, suf := range localSuffixes {
-		if name == suf || strings.HasSuffix(name, "."+suf) {
-			return "names under ." + suf + " are local, not public"
 		}
 	}
 	return ""
@@ -303,8 +297,3 @@ var localNames = []string{
 	"metadata.azure.com", "metadata.tencentyun.com",
 }
 
-var localSuffixes = []string{
-	"localhost", "localdomain", "local", "internal", "intranet", "lan", "home",
-	"corp", "private", "home.arpa", "in-addr.arpa", "ip6.arpa", "test", "invalid",
-	"example", "onion", "alt",
-}

@@ -35,6 +35,66 @@ type Policy struct {
 	// the hosts of a sandbox's base URLs and of its credential rules.
 	// The service derives them; they are not part of the JSON shape.
 	RouteHosts []HostRule
+	// RouteOrigins are the sandbox's base URLs' own origins: a route may
+	// reach one on its own port (https://host:8443/v1), in its own scheme
+	// (an http base URL, forwarded only to addresses the operator opened),
+	// at its own address (an IP literal). The service derives them.
+	RouteOrigins []Origin
+}
+
+// Origin is a base URL's scheme, host and port.
+type Origin struct {
+	Plain bool   // http, not https
+	Host  string // canonical (Host.String)
+	Port  int
+}
+
+// OriginOf returns the origin of a base URL, or false when it is not an
+// http or https URL with a valid host.
+func OriginOf(rawURL string) (Origin, bool) {
+	scheme, rest, ok := strings.Cut(rawURL, "://")
+	if !ok {
+		return Origin{}, false
+	}
+	var o Origin
+	switch strings.ToLower(scheme) {
+	case "https":
+		o.Port = HTTPSPort
+	case "http":
+		o.Plain, o.Port = true, 80
+	default:
+		return Origin{}, false
+	}
+	if i := strings.IndexAny(rest, "/?#"); i >= 0 {
+		rest = rest[:i]
+	}
+	if i := strings.LastIndexByte(rest, '@'); i >= 0 {
+		rest = rest[i+1:]
+	}
+	host, port, err := SplitHostPort(rest)
+	if err != nil {
+		return Origin{}, false
+	}
+	h, err := CanonicalHost(strings.Trim(host, "[]"))
+	if err != nil {
+		return Origin{}, false
+	}
+	o.Host = h.String()
+	if port != 0 {
+		o.Port = port
+	}
+	return o, true
+}
+
+// hasOrigin reports whether a route in that scheme to host:port is one of
+// the policy's RouteOrigins.
+func (p Policy) hasOrigin(plain bool, host Host, port int) bool {
+	for _, o := range p.RouteOrigins {
+		if o.Plain == plain && o.Port == port && o.Host == host.String() {
+			return true
+		}
+	}
+	return false
 }
 
 // HostRule is one allowed host: an exact name, or "*.suffix" for every name
@@ -59,6 +119,10 @@ func (r HostRule) Match(name string) bool {
 // canonical form except for letter case and one trailing dot: wildcards
 // other than a single leading "*." label, IP literals, ports and
 // non-punycode names are refused with an error that says what to write.
+// Any name is a rule, a single label ("localhost") included: where it
+// leads is decided when a connection is made, by resolution and the
+// address classes, which never let a private address through unless the
+// operator opened it.
 func ParseHostRule(s string) (HostRule, error) {
 	raw := s
 	bad := func(format string, args ...any) (HostRule, error) {
@@ -105,9 +169,6 @@ func ParseHostRule(s string) (HostRule, error) {
 			bits = 128
 		}
 		return bad("IP literals are not host rules; add %s/%d to allowedCIDRs", h.Addr, bits)
-	}
-	if !strings.Contains(h.Name, ".") && !wild {
-		return bad("a single-label name is never a public host")
 	}
 	if wild {
 		return HostRule{pattern: "*." + h.Name, suffix: "." + h.Name}, nil

@@ -311,6 +311,10 @@ func (r *DNSResolver) lookup(ctx context.Context, host, name string) ([]netip.Ad
 	if a, err := netip.ParseAddr(host); err == nil {
 		return []netip.Addr{a}, nil
 	}
+	if name == "localhost" || strings.HasSuffix(name, ".localhost") {
+		// RFC 6761: localhost is loopback, and no name server is asked.
+		return []netip.Addr{netip.AddrFrom4([4]byte{127, 0, 0, 1}), netip.IPv6Loopback()}, nil
+	}
 	if !validDNSName(name) {
 		return nil, &DNSError{Host: name, Err: errDNSInvalidName}
 	}

@@ -1,6 +1,8 @@
 package server
 
 import (
+	"github.com/sandgate/sandgate/appliance/agent"
+
 	"bytes"
 	"encoding/json"
 	"errors"
@@ -126,6 +128,11 @@ func (o object) network() (networkBody, error) {
 	}
 	if n.baseURLs, _, err = o.strMap("baseUrls"); err != nil {
 		return n, err
+	}
+	for k, v := range n.baseURLs {
+		if err := agent.CheckBaseURL("baseUrls."+k, v); err != nil {
+			return n, badRequest("%v", err)
+		}
 	}
 	if n.template, _, err = o.str("template"); err != nil {
 		return n, err

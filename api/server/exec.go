@@ -241,11 +241,11 @@ func readLine(br *bufio.Reader) ([]byte, error) {
 func commandEnv(relay string, baseURLs, own map[string]string) ([]string, error) {
 	env := map[string]string{}
 	for k, v := range baseURLs {
-		env[k] = routeBaseURL(relay, v)
+		env[k] = agent.RouteBaseURL(relay, v)
 	}
 	for k, v := range own {
 		if _, isBase := baseURLs[k]; isBase {
-			v = routeBaseURL(relay, v)
+			v = agent.RouteBaseURL(relay, v)
 		}
 		env[k] = v
 	}

@@ -21,6 +21,7 @@ import (
 	"golang.org/x/net/http/httpguts"
 
 	"github.com/sandgate/sandgate/api"
+	"github.com/sandgate/sandgate/appliance/agent"
 	"github.com/sandgate/sandgate/netpolicy"
 	"github.com/sandgate/sandgate/transforms"
 )
@@ -269,11 +270,11 @@ func FuzzExecRequest(f *testing.F) {
 		}
 		want := map[string]string{}
 		for k, v := range baseURLs {
-			want[k] = routeBaseURL(relay, v)
+			want[k] = agent.RouteBaseURL(relay, v)
 		}
 		for k, v := range own {
 			if _, isBase := baseURLs[k]; isBase {
-				v = routeBaseURL(relay, v)
+				v = agent.RouteBaseURL(relay, v)
 			}
 			want[k] = v
 		}
@@ -811,7 +812,7 @@ func FuzzRouteBaseURL(f *testing.F) {
 	f.Fuzz(func(t *testing.T, port uint16, value string) {
 		relay := "127.0.0.1:" + strconv.Itoa(int(port))
 		origin := "http://" + relay
-		got := routeBaseURL(relay, value)
+		got := agent.RouteBaseURL(relay, value)
 		u, err := url.Parse(value)
 		onRelay := value == origin || strings.HasPrefix(value, origin+"/")
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || onRelay {
@@ -843,7 +844,7 @@ func FuzzRouteBaseURL(f *testing.F) {
 		if strings.ContainsAny(got, "?# ") || strings.ContainsFunc(got, func(r rune) bool { return r < 0x20 || r == 0x7f }) {
 			t.Fatalf("routeBaseURL(%q) = %q holds a query, fragment, space or control byte", value, got)
 		}
-		if again := routeBaseURL(relay, got); again != got {
+		if again := agent.RouteBaseURL(relay, got); again != got {
 			t.Fatalf("routing a route changes it: %q → %q", got, again)
 		}
 		if ru, err := url.Parse(got); err != nil || ru.Host != relay || ru.Scheme != "http" {

@@ -92,10 +92,15 @@ func (s *Server) effectiveBaseURLs(own map[string]string) map[string]string {
 // host rules refuse is bad input naming the fix.
 func (s *Server) policyFor(own []string, baseURLs map[string]string, rules []transformation) (netpolicy.Policy, error) {
 	all := append(slices.Clone(s.cfg.AllowedHosts), own...)
-	if slices.Contains(all, "*") {
-		return netpolicy.Policy{Mode: netpolicy.AllowAll}, nil
-	}
 	p := netpolicy.Policy{Mode: netpolicy.Custom}
+	for _, v := range baseURLs {
+		if o, ok := netpolicy.OriginOf(v); ok {
+			p.RouteOrigins = append(p.RouteOrigins, o)
+		}
+	}
+	if slices.Contains(all, "*") {
+		return netpolicy.Policy{Mode: netpolicy.AllowAll, RouteOrigins: p.RouteOrigins}, nil
+	}
 	seen := map[string]bool{}
 	for _, h := range all {
 		h = strings.TrimSpace(h)
@@ -146,7 +151,7 @@ func (s *Server) network(st *sandboxState) (appliance.Network, error) {
 			p.AllowedHosts = append(slices.Clone(p.AllowedHosts), pr.AllowedHosts...)
 			p.AllowedCIDRs = append(slices.Clone(p.AllowedCIDRs), pr.AllowedCIDRs...)
 		}
-		p.RouteHosts = pr.RouteHosts
+		p.RouteHosts, p.RouteOrigins = pr.RouteHosts, pr.RouteOrigins
 		return appliance.Network{Policy: p, BaseURLs: urls}, nil
 	}
 	p, err := s.policyFor(st.allowedHosts, urls, st.rules)
@@ -166,23 +171,4 @@ func (s *Server) agentConfig(name string) *agent.Config {
 		Home:         sandboxDir(s.cfg.Home, name),
 		OnlyBaseURLs: true,
 	}
-}
-
-// routeBaseURL is protocol 1 §6's relay route of a base URL: a value that
-// is not an http(s) URL, or already the relay's, is left as it is;
-// otherwise http://<relay>/<scheme>/<host>[:port]<path>, without one
-// trailing slash, query or fragment.
-func routeBaseURL(relay, value string) string {
-	origin := "http://" + relay
-	if value == origin || strings.HasPrefix(value, origin+"/") {
-		return value
-	}
-	u, err := url.Parse(value)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return value
-	}
-	// Dot segments resolved, as a URL parser does (new URL() in the
-	// reference): "/../evil.example" must not become another host's route.
-	u = u.ResolveReference(&url.URL{})
-	return origin + "/" + u.Scheme + "/" + u.Host + strings.TrimSuffix(u.EscapedPath(), "/")
 }

@@ -118,10 +118,8 @@ func (c Config) resolve() (*resolved, error) {
 		if isProxyVar(k) || strings.EqualFold(k, "NO_PROXY") {
 			return nil, invalid("config baseUrls: %s is a proxy variable, not a base URL", k)
 		}
-		if v != "" {
-			if _, err := routeFor("127.0.0.1:1", k, v); err != nil {
-				return nil, invalid("config baseUrls: %v", err)
-			}
+		if err := CheckBaseURL(k, v); err != nil {
+			return nil, invalid("config baseUrls: %v", err)
 		}
 		r.baseURLs[k] = v
 	}
@@ -169,30 +167,39 @@ func isProxyVar(k string) bool {
 // the relay's own routes must go to it directly, not through it as a proxy.
 var loopbackNoProxy = []string{"localhost", "127.0.0.1"}
 
-// routeFor rewrites a base URL to the relay route that reaches it:
-// https://api.example.com/v1 → http://<relay>/https/api.example.com/v1.
-// A URL already pointing at the relay is kept; anything but an https URL is
-// refused, naming the variable.
-func routeFor(relay, name, value string) (string, error) {
-	prefix := "http://" + relay + "/https/"
-	if strings.HasPrefix(value, prefix) {
-		return value, nil
+// RouteBaseURL is the relay route of a base URL (protocol 1 §6), the one
+// rule of sandgate for it: an http or https URL becomes
+// http://<relay>/<scheme>/<host>[:port]<path>, its dot segments resolved,
+// one trailing "/" of the path, the query and the fragment dropped
+// (https://api.openai.com/v1/ → http://<relay>/https/api.openai.com/v1);
+// a value that is not such a URL, or already points at the relay, is left
+// as it is. Whether the route is then forwarded is the egress proxy's
+// decision, per request (an http route only to an address the operator
+// opened, a port other than 443 only as a base URL's own).
+func RouteBaseURL(relay, value string) string {
+	origin := "http://" + relay
+	if value == origin || strings.HasPrefix(value, origin+"/") {
+		return value
 	}
 	u, err := url.Parse(value)
-	if err != nil {
-		return "", refused("%s=%q is not a URL: want https://host/path", name, value)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.Opaque != "" {
+		return value
 	}
-	switch {
-	case u.Scheme != "https":
-		return "", refused("%s=%q: only an https:// base URL can be routed through the relay (the sandbox's only way out, which carries HTTPS only); write https://%s%s", name, value, u.Host, u.EscapedPath())
-	case u.Host == "" || u.Opaque != "":
-		return "", refused("%s=%q names no host: want https://host/path", name, value)
-	case u.User != nil:
-		return "", refused("%s: a base URL cannot carry credentials (user:password@); credentials are added outside the sandbox by transformations", name)
-	case u.RawQuery != "" || u.ForceQuery || u.Fragment != "":
-		return "", refused("%s=%q: a base URL cannot have a query or fragment", name, value)
+	// As a URL parser does (new URL() in the reference): "/../evil.example"
+	// must not become another host's route.
+	u = u.ResolveReference(&url.URL{})
+	return origin + "/" + u.Scheme + "/" + u.Host + strings.TrimSuffix(u.EscapedPath(), "/")
+}
+
+// CheckBaseURL refuses a base URL that could not be honoured: one that
+// carries credentials (user:password@), which the route would drop
+// silently. Credentials are added outside the sandbox, by transformations.
+func CheckBaseURL(name, value string) error {
+	u, err := url.Parse(value)
+	if err == nil && (u.Scheme == "http" || u.Scheme == "https") && u.User != nil {
+		return refused("%s: a base URL cannot carry credentials (user:password@): the sandbox never holds one; add it outside the sandbox with a transformation rule", name)
 	}
-	return prefix + u.Host + u.EscapedPath(), nil
+	return nil
 }
 
 // commandEnv builds a command's whole environment from the agent's
@@ -261,11 +268,10 @@ func (r *resolved) commandEnv(relay string, set []string) ([]string, error) {
 		if v == "" {
 			continue
 		}
-		route, err := routeFor(relay, k, v)
-		if err != nil {
+		if err := CheckBaseURL(k, v); err != nil {
 			return nil, err
 		}
-		env[k] = route
+		env[k] = RouteBaseURL(relay, v)
 	}
 	out := make([]string, 0, len(env))
 	for _, k := range slices.Sorted(maps.Keys(env)) {

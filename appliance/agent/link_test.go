@@ -119,8 +119,6 @@ func TestEnvExact(t *testing.T) {
 	refusals := map[string]string{
 		"HTTPS_PROXY=http://proxy.example:8080":  "HTTPS_PROXY",
 		"all_proxy=socks5://10.0.0.1:1080":       "all_proxy",
-		"OPENAI_BASE_URL=http://api.openai.com":  "OPENAI_BASE_URL",
-		"ANTHROPIC_BASE_URL=ftp://x.example/":    "ANTHROPIC_BASE_URL",
 		"ANTHROPIC_BASE_URL=https://u:p@x.ex/v1": "ANTHROPIC_BASE_URL",
 		"NOEQUALS":                               "KEY=VALUE",
 	}
@@ -132,30 +130,33 @@ func TestEnvExact(t *testing.T) {
 	}
 }
 
-func TestRouteFor(t *testing.T) {
+func TestRouteBaseURL(t *testing.T) {
 	const relay = "127.0.0.1:3128"
 	tests := []struct{ in, want string }{
 		{"https://api.anthropic.com", "http://127.0.0.1:3128/https/api.anthropic.com"},
 		{"https://api.openai.com/v1", "http://127.0.0.1:3128/https/api.openai.com/v1"},
-		{"https://example.com/v1/", "http://127.0.0.1:3128/https/example.com/v1/"},
+		{"https://example.com/v1/", "http://127.0.0.1:3128/https/example.com/v1"},
 		{"https://example.com:443/a%20b", "http://127.0.0.1:3128/https/example.com:443/a%20b"},
+		{"https://example.com:8443/v1", "http://127.0.0.1:3128/https/example.com:8443/v1"},
+		{"http://127.0.0.1:9/api", "http://127.0.0.1:3128/http/127.0.0.1:9/api"},
 		{"http://127.0.0.1:3128/https/x.example/y", "http://127.0.0.1:3128/https/x.example/y"},
-		{"http://example.com", ""},
-		{"https://example.com/?q=1", ""},
-		{"https:///path", ""},
-		{"example.com", ""},
+		{"https://example.com/v1?q=1#f", "http://127.0.0.1:3128/https/example.com/v1"},
+		{"https://example.com/a/../../evil.example/x", "http://127.0.0.1:3128/https/example.com/evil.example/x"},
+		// Not an http(s) URL with a host: left as it is.
+		{"https:///path", "https:///path"},
+		{"example.com", "example.com"},
+		{"ftp://x.example/", "ftp://x.example/"},
 	}
 	for _, tt := range tests {
-		got, err := routeFor(relay, "X_BASE_URL", tt.in)
-		if tt.want == "" {
-			if err == nil || !strings.Contains(err.Error(), "X_BASE_URL") {
-				t.Errorf("routeFor(%q) = %q, %v; want an error naming the variable", tt.in, got, err)
-			}
-			continue
+		if got := RouteBaseURL(relay, tt.in); got != tt.want {
+			t.Errorf("RouteBaseURL(%q) = %q; want %q", tt.in, got, tt.want)
 		}
-		if err != nil || got != tt.want {
-			t.Errorf("routeFor(%q) = %q, %v; want %q", tt.in, got, err, tt.want)
-		}
+	}
+	if err := CheckBaseURL("X_BASE_URL", "https://u:p@x.example/v1"); err == nil || !strings.Contains(err.Error(), "X_BASE_URL") {
+		t.Errorf("a base URL with credentials: %v; want an error naming the variable", err)
+	}
+	if err := CheckBaseURL("X_BASE_URL", "http://x.example:8080/v1"); err != nil {
+		t.Errorf("an http base URL with a port: %v", err)
 	}
 }
 

@@ -156,7 +156,11 @@ func checkServe(c *cli.Context) (*serveConfig, error) {
 			if !ok || strings.TrimSpace(k) == "" {
 				return nil, badInput("SANDBOX_BASE_URLS entry %q: want NAME=URL", e)
 			}
-			sc.baseURLs[strings.TrimSpace(k)] = strings.TrimSpace(v)
+			k, v = strings.TrimSpace(k), strings.TrimSpace(v)
+			if err := agent.CheckBaseURL(k, v); err != nil {
+				return nil, badInput("SANDBOX_BASE_URLS entry %s: %v", k, err)
+			}
+			sc.baseURLs[k] = v
 		}
 	}
 	sc.imageID = c.String("image-id")
