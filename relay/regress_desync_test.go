@@ -7,19 +7,125 @@ package relay
 
 import (
 	"bufio"
+	"bytes"
 	"crypto/tls"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/netip"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/sandgate/sandgate/internal/tlstest"
+	"github.com/sandgate/sandgate/transforms"
 )
+
+// TestUnsolicitedResponseCarriedSecretToNextRequest: an upstream answered a
+// request that carried the secret ("first"), then, unasked and a moment
+// later, sent a second response echoing that request — the real credential
+// the proxy swapped in. The sandbox's next request to the same host, which
+// carried no placeholder (no rule matched it, so nothing was scrubbed), was
+// given that second response. Whatever the timing of the second response
+// against the next request, the secret must never reach the sandbox: when
+// it lands before the next request the pooled connection is retired (and
+// the next request gets its own answer); when it races the request it may
+// be read as the answer, but it is scrubbed like every response of a host
+// the sandbox holds credentials for.
+func TestUnsolicitedResponseCarriedSecretToNextRequest(t *testing.T) {
+	rules := `[{"match":{"host":"api.example.com","path":{"startsWith":"/extra/"}},"transform":{"headers":{"x-api-key":{"env":"CANARY_KEY"}}}}]`
+	e := newEnv(t, `{"mode":"custom","allowedHosts":["api.example.com"]}`, rules)
+	sent := make(chan struct{}, 64)     // a second response was written
+	answered := make(chan struct{}, 64) // an answer to /next was written
+	rawUpstream(t, e, func(i int, raw *net.TCPConn, c *tls.Conn) {
+		defer c.Close()
+		br := bufio.NewReader(c)
+		for {
+			req, err := http.ReadRequest(br)
+			if err != nil {
+				return
+			}
+			io.Copy(io.Discard, req.Body)
+			delay, isExtra := strings.CutPrefix(req.URL.Path, "/extra/")
+			if !isExtra {
+				body := "ok " + req.URL.Path
+				fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+				answered <- struct{}{}
+				continue
+			}
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfirst")
+			d, _ := time.ParseDuration(delay)
+			time.Sleep(d)
+			var dump strings.Builder
+			req.Header.Write(&dump)
+			fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nX-Echo: %s\r\nContent-Length: %d\r\n\r\n%s",
+				req.Header.Get("X-Api-Key"), dump.Len(), dump.String())
+			sent <- struct{}{}
+		}
+	})
+	placeholder := transforms.PlaceholderPrefix + "CANARY_KEY"
+	for _, delay := range []time.Duration{0, 10 * time.Millisecond, 50 * time.Millisecond} {
+		for _, after := range []bool{false, true} {
+			name := fmt.Sprintf("second response after %v, next request at once", delay)
+			if after {
+				name = fmt.Sprintf("second response after %v, next request after it", delay)
+			}
+			for round := range 3 {
+				c, _ := e.dial()
+				var seen bytes.Buffer // every byte the sandbox reads
+				br := bufio.NewReader(io.TeeReader(c, &seen))
+				fmt.Fprintf(c, "GET /https/api.example.com/extra/%v HTTP/1.1\r\nHost: x\r\nX-Api-Key: %s\r\n\r\n", delay, placeholder)
+				resp, err := http.ReadResponse(br, nil)
+				if err != nil {
+					t.Fatalf("%s, round %d: first response: %v", name, round, err)
+				}
+				if b := body(t, resp); b != "first" {
+					t.Fatalf("%s, round %d: first response %q, want \"first\"", name, round, b)
+				}
+				if after {
+					waitSent(t, sent)
+				}
+				io.WriteString(c, "GET /https/api.example.com/next HTTP/1.1\r\nHost: x\r\n\r\n")
+				resp, err = http.ReadResponse(br, nil)
+				if err != nil {
+					t.Fatalf("%s, round %d: next response: %v", name, round, err)
+				}
+				got := body(t, resp)
+				if strings.Contains(seen.String(), canary) {
+					t.Fatalf("%s, round %d: the sandbox read the secret:\n%s", name, round, seen.String())
+				}
+				if !after && got != "ok /next" {
+					t.Logf("%s, round %d: the second response raced the next request and was read as its answer, scrubbed: %q", name, round, got)
+				}
+				if after && got != "ok /next" {
+					t.Errorf("%s, round %d: next request got %q, want its own answer \"ok /next\"", name, round, got)
+				}
+				if !after {
+					waitSent(t, sent)
+				}
+				// Everything the upstream writes in this round is written
+				// (on loopback: delivered) before the next round starts.
+				// When the second response raced the request and was read
+				// as its answer, the real answer comes after it, unasked:
+				// the pool must retire the connection it lands on.
+				waitSent(t, answered)
+				c.Close()
+			}
+		}
+	}
+}
+
+func waitSent(t *testing.T, sent <-chan struct{}) {
+	t.Helper()
+	select {
+	case <-sent:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the upstream did not send its response within 10s")
+	}
+}
 
 // heldConn is an upstream's side of a TCP connection whose writes, once
 // hold is set, wait in a buffer until flush sends them: a test decides how
@@ -222,5 +328,56 @@ func TestBodyWhereNoneMayBeDoesNotPoisonNextRequest(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestCredentialedHostScrubbedWithoutPlaceholder: every response of a host
+// the sandbox holds a credential for is scrubbed, also when the request
+// carried no placeholder and no rule matched it (here an upstream that
+// keeps the key it was sent and shows it on another path). A host no rule
+// targets is left alone: its body and encoding pass as they came.
+func TestCredentialedHostScrubbedWithoutPlaceholder(t *testing.T) {
+	rules := `[{"match":{"host":"api.example.com","path":{"startsWith":"/v1/"}},"transform":{"headers":{"x-api-key":{"env":"CANARY_KEY"}}}}]`
+	e := newEnv(t, `{"mode":"custom","allowedHosts":["api.example.com","plain.example.com"]}`, rules)
+	var kept atomic.Value
+	kept.Store("")
+	e.upstream("api.example.com", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if k := r.Header.Get("X-Api-Key"); k != "" {
+			kept.Store(k)
+		}
+		if r.Header.Get("Accept-Encoding") != "identity" {
+			t.Errorf("%s: Accept-Encoding %q reached the upstream; want identity, so the response can be scrubbed", r.URL.Path, r.Header.Get("Accept-Encoding"))
+		}
+		w.Header().Set("X-Last-Key", kept.Load().(string))
+		fmt.Fprintf(w, "last key %s", kept.Load())
+	}))
+	e.upstream("plain.example.com", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Encoding", "br")
+		io.WriteString(w, "opaque")
+	}))
+	ph := transforms.PlaceholderPrefix + "CANARY_KEY"
+	for _, path := range []string{"/v1/messages", "/status"} {
+		req, _ := http.NewRequest("GET", e.routeURL("api.example.com"+path), nil)
+		if path == "/v1/messages" {
+			req.Header.Set("X-Api-Key", ph)
+		}
+		req.Header.Set("Accept-Encoding", "br")
+		resp, err := e.routeClient().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if b := body(t, resp); b != "last key "+ph || resp.Header.Get("X-Last-Key") != ph {
+			t.Errorf("%s: got %q (X-Last-Key %q), want the placeholder where the key was", path, b, resp.Header.Get("X-Last-Key"))
+		}
+	}
+	req, _ := http.NewRequest("GET", e.routeURL("plain.example.com/x"), nil)
+	req.Header.Set("Accept-Encoding", "br")
+	resp, err := e.routeClient().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := body(t, resp); resp.StatusCode != 200 || b != "opaque" || resp.Header.Get("Content-Encoding") != "br" || resp.ContentLength != 6 {
+		t.Errorf("a host no rule targets: got %d %q (Content-Encoding %q, length %d), want its response untouched",
+			resp.StatusCode, b, resp.Header.Get("Content-Encoding"), resp.ContentLength)
 	}
 }

@@ -289,5 +289,10 @@ func ScrubString(s string, secrets []*Secret) string {
 	return newScrubber(secrets).scrubString(s)
 }
 
-// ScrubString scrubs s of a.Secrets; see [ScrubString].
-func (a Applied) ScrubString(s string) string { return ScrubString(s, a.Secrets) }
+// ScrubString scrubs s of a.Scrub; see [ScrubString].
+func (a Applied) ScrubString(s string) string {
+	if s == "" || len(a.Scrub) == 0 {
+		return s
+	}
+	return a.scrubber().scrubString(s)
+}
