@@ -251,12 +251,7 @@ func scrubSmall(resp *http.Response, m *scrubber, n int64) error {
 		return err
 	}
 	resp.Body.Close()
-	for _, p := range m.pats {
-		if bytes.Contains(buf, p.find) {
-			buf, _ = m.scan(nil, buf, true, make([]int, len(m.pats)))
-			break
-		}
-	}
+	buf = m.scrubBytes(buf)
 	resp.Header.Del("Content-Length")
 	resp.Body = io.NopCloser(bytes.NewReader(buf))
 	resp.ContentLength = int64(len(buf))

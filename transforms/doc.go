@@ -4,9 +4,10 @@
 // It provides the request-transformation rules of the AI SDK harness (a
 // match on host, path, method, query string and headers, and a transform
 // that overwrites headers), the swap of placeholders for secrets, and the
-// scrubbing of those secrets from responses (secret → placeholder), including
-// gzip- and zstd-encoded bodies, streaming and without holding back more
-// than a secret's length needs.
+// scrubbing of those secrets from responses (secret → placeholder; a run of
+// 12 or more of a secret's bytes → a mask), including gzip- and
+// zstd-encoded bodies, streaming and without holding back more than a
+// secret's length needs.
 //
 // A secret is a [Secret]: it prints, logs and marshals as "[REDACTED]" and
 // nothing outside this package can read it back. The only places its value

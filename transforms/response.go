@@ -25,7 +25,8 @@ const zstdMaxWindow = 8 << 20
 // ScrubResponse makes resp safe to hand to the sandbox when it comes from a
 // host the secrets may have been sent to: every occurrence of each secret
 // in the header values (and names), in the body and in the trailers is
-// replaced by its placeholder.
+// replaced by its placeholder, and every run of [MinPartialRun] or more
+// consecutive bytes of a secret by [PartialMask] bytes.
 //
 // The body is wrapped, not read: scrubbing happens as the caller reads, a
 // streaming response (text/event-stream) stays streaming, and a secret split
@@ -77,7 +78,7 @@ func scrubResponse(resp *http.Response, m *scrubber) error {
 	resp.Header.Del("Content-Length")
 	resp.ContentLength = -1
 	resp.Body = &scrubBody{
-		r:    &scrubReader{src: src, m: m, next: make([]int, len(m.pats))},
+		r:    newScrubReader(src, m),
 		m:    m,
 		resp: resp,
 		dec:  dec,

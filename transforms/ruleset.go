@@ -256,9 +256,10 @@ func (l *ruleList) targets(host string) *scrubTarget {
 
 // swapHeaders are the headers in which a placeholder is replaced by its
 // secret. Only credential headers: a header an upstream might echo back
-// truncated (Content-Type in an error message, say) would let the sandbox
-// read the secret piece by piece, past the scrubber that only sees whole
-// copies. Headers a rule writes are set whole and need no swap.
+// truncated at a point the sandbox chooses (Content-Type in an error
+// message, say) would let the sandbox read the secret in pieces shorter
+// than the scrubber's MinPartialRun. Headers a rule writes are set whole
+// and need no swap.
 var swapHeaders = []string{"Authorization", "X-Api-Key", "Api-Key"}
 
 // swapPlaceholders replaces each secret's placeholder by its value in the
