@@ -37,9 +37,9 @@ func (cc *clientConn) route(ctx context.Context, req *http.Request, t target) bo
 		if body.stalled.Load() {
 			e = limitError(fmt.Sprintf("request body stalled: no byte for %s", cc.p.cfg.IdleTimeout), time.Second)
 		}
-		if x != nil && x.Swapped() {
+		if x != nil && x.Scrubs() {
 			// An error may quote what the upstream sent (a parser error
-			// does), and the upstream may have echoed the secret.
+			// does), and the upstream may have echoed a secret.
 			e = &Error{Status: e.Status, Code: e.Code, Reason: x.ScrubString(e.Error()), RetryAfter: e.RetryAfter}
 		}
 		ev.Status = e.Status

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"os"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -45,6 +46,7 @@ type upstreamPool struct {
 type upstreamConn struct {
 	c      net.Conn        // *tls.Conn
 	raw    syscall.RawConn // the TCP socket under c, for idleQuiet; nil if none
+	rec    *recordConn     // the TCP connection under c, following TLS records; nil if none
 	br     *bufio.Reader
 	bw     *bufio.Writer
 	addr   netip.Addr
@@ -92,16 +94,41 @@ func (u *upstreamPool) get(host string, dec *netpolicy.Decision) *upstreamConn {
 	return nil
 }
 
-// idleQuiet reports whether a pooled connection has nothing to read: an
-// upstream that closed it (or reset it), or sent bytes nobody asked for
-// (which would be taken for the next request's response), makes it
-// unusable. It peeks at the socket without blocking (one recv with
-// MSG_PEEK|MSG_DONTWAIT), so a reuse costs no wait. Bytes already pulled
-// into the TLS layer's own buffer are not seen; they would surface as a
-// malformed or wrong response, never as another request's secret.
+// idleQuiet reports whether a pooled connection holds nothing to read. A
+// byte that no request asked for — an upstream that closed or reset the
+// connection, sent a TLS alert, or answered twice (a desynchronised or
+// hostile upstream: a second response echoing a request that carried a
+// secret) — would be taken for the next request's response, so any byte
+// retires the connection. It looks everywhere such a byte can wait:
+//
+//   - the bufio reader;
+//   - the TLS layer, which may have pulled whole records, or part of one,
+//     off the socket along with the end of the last response: a Read whose
+//     deadline has already passed decrypts the whole records without
+//     touching the socket (its timeout leaves the connection usable), and
+//     recordConn says whether a part of a record is left;
+//   - the socket, with one recv(MSG_PEEK|MSG_DONTWAIT): no wait, no
+//     scheduler hand-off.
+//
+// It runs right before the connection is reused. Bytes still on their way
+// at that moment cannot be told from the next response; they are read as
+// that response, whatever follows it is caught when that response ends,
+// and every response of a host the sandbox holds credentials for is
+// scrubbed anyway (transforms.Applied.Scrub), so no secret rides on them.
 func idleQuiet(c *upstreamConn) bool {
 	if c.br.Buffered() > 0 {
 		return false
+	}
+	if _, ok := c.c.(*tls.Conn); ok {
+		c.c.SetReadDeadline(aLongTimeAgo)
+		_, err := c.br.Peek(1)
+		c.c.SetReadDeadline(time.Time{})
+		if !errors.Is(err, os.ErrDeadlineExceeded) {
+			return false // a record of data (err == nil), or the connection ended
+		}
+	}
+	if c.rec != nil && !c.rec.atBoundary() {
+		return false // part of a record sits in the TLS layer
 	}
 	if c.raw == nil {
 		return true
@@ -118,13 +145,48 @@ func idleQuiet(c *upstreamConn) bool {
 	return rerr == nil && quiet
 }
 
-// rawConn returns the socket under a TLS connection, for idleQuiet, or nil.
-func rawConn(c net.Conn) syscall.RawConn {
-	tc, ok := c.(*tls.Conn)
-	if !ok {
-		return nil
+// aLongTimeAgo is a deadline in the past: a Read with it returns at once.
+var aLongTimeAgo = time.Unix(1, 0)
+
+// recordConn is the TCP connection under an upstream's TLS. It follows the
+// TLS record framing of the bytes it hands up (a 5-byte header whose last
+// two bytes are the length of the body after it), so idleQuiet can tell
+// whether the TLS layer holds part of a record: bytes that neither the
+// bufio reader nor the socket shows. It is read by one goroutine at a time
+// (whoever holds the connection).
+type recordConn struct {
+	net.Conn
+	left int // bytes of the current record's body still to come
+	nh   int // bytes of the next record's header seen so far
+	hdr  [5]byte
+}
+
+func (r *recordConn) Read(p []byte) (int, error) {
+	n, err := r.Conn.Read(p)
+	for b := p[:n]; len(b) > 0; {
+		if r.left > 0 {
+			k := min(r.left, len(b))
+			r.left -= k
+			b = b[k:]
+			continue
+		}
+		r.hdr[r.nh] = b[0]
+		r.nh++
+		b = b[1:]
+		if r.nh == len(r.hdr) {
+			r.left = int(r.hdr[3])<<8 | int(r.hdr[4])
+			r.nh = 0
+		}
 	}
-	sc, ok := tc.NetConn().(syscall.Conn)
+	return n, err
+}
+
+// atBoundary reports whether the bytes read so far end with a whole record.
+func (r *recordConn) atBoundary() bool { return r.left == 0 && r.nh == 0 }
+
+// rawConn returns the socket of a TCP connection, for idleQuiet, or nil.
+func rawConn(c net.Conn) syscall.RawConn {
+	sc, ok := c.(syscall.Conn)
 	if !ok {
 		return nil
 	}
@@ -200,7 +262,8 @@ func (u *upstreamPool) dial(ctx context.Context, host string, dec *netpolicy.Dec
 	if err != nil {
 		return nil, err
 	}
-	tc := tls.Client(raw, &tls.Config{
+	rec := &recordConn{Conn: raw}
+	tc := tls.Client(rec, &tls.Config{
 		ServerName: host,
 		RootCAs:    u.p.cfg.UpstreamRoots,
 		MinVersion: tls.VersionTLS12,
@@ -212,7 +275,7 @@ func (u *upstreamPool) dial(ctx context.Context, host string, dec *netpolicy.Dec
 		raw.Close()
 		return nil, fmt.Errorf("TLS handshake with %s: %w", host, err)
 	}
-	return &upstreamConn{c: tc, raw: rawConn(tc), br: bufio.NewReaderSize(tc, 16<<10), bw: bufio.NewWriterSize(tc, 16<<10), addr: dec.Addr, gen: gen}, nil
+	return &upstreamConn{c: tc, raw: rawConn(raw), rec: rec, br: bufio.NewReaderSize(tc, 16<<10), bw: bufio.NewWriterSize(tc, 16<<10), addr: dec.Addr, gen: gen}, nil
 }
 
 // roundTrip sends out on a pooled or new connection and reads the response
@@ -319,7 +382,7 @@ func (u *upstreamPool) exchange(ctx context.Context, out *http.Request, host str
 	if resp.StatusCode == http.StatusSwitchingProtocols {
 		return fail(errors.New("upstream switched protocols; base-URL routes carry HTTP only"))
 	}
-	reusable := !resp.Close && !out.Close
+	reusable := !resp.Close && !out.Close && !framingViolated(resp)
 	ub := &upstreamBody{rc: resp.Body, u: u, host: host, c: c, stop: stop, reusable: reusable}
 	if resp.Body == http.NoBody {
 		// HEAD, 204, 304: nothing to read; the connection is free now, and
@@ -329,6 +392,28 @@ func (u *upstreamPool) exchange(ctx context.Context, out *http.Request, host str
 	}
 	resp.Body = ub
 	return resp, nil
+}
+
+// framingViolated reports a response head that announces a body where
+// none may be (RFC 9110 §8.6, RFC 9112 §6.1): a 204 with a Content-Length
+// other than 0 or with a Transfer-Encoding. net/http reads no body for it,
+// so whatever the upstream sends as one would be taken for the next
+// response: the connection is not reused. (A HEAD or a 304 may announce
+// the length of the body it does not send; the bytes themselves, if any
+// come, are caught by finish and idleQuiet.)
+func framingViolated(resp *http.Response) bool {
+	if resp.StatusCode != http.StatusNoContent {
+		return false
+	}
+	if len(resp.TransferEncoding) > 0 || resp.Header["Transfer-Encoding"] != nil {
+		return true
+	}
+	for _, v := range resp.Header["Content-Length"] {
+		if v != "0" {
+			return true
+		}
+	}
+	return false
 }
 
 // earlyResponseWait bounds the look for an answer after a failed upload.
@@ -424,6 +509,10 @@ func (b *upstreamBody) finish(reuse bool) {
 	if !b.stop() {
 		reuse = false // the context ended: the deadline is poisoned
 	}
+	// A byte already read past the end of the response (a body after a
+	// HEAD, a 204 or a 304; more than Content-Length; anything after the
+	// last chunk) breaks the framing: it would be taken for the next
+	// response. Bytes that come later are idleQuiet's to find.
 	if reuse && b.c.br.Buffered() == 0 {
 		b.c.c.SetDeadline(time.Time{})
 		b.u.put(b.host, b.c)

@@ -1,6 +1,7 @@
 package transforms
 
 import (
+	"bytes"
 	"fmt"
 	"io"
 	"strings"
@@ -40,5 +41,118 @@ func BenchmarkScrubReader(b *testing.B) {
 		if _, err := io.Copy(io.Discard, r); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// benchKey looks like an Anthropic key: its prefix and 95 characters of
+// base64url, the same every run.
+var benchKey = func() string {
+	const alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+	b := []byte("sk-ant-api03-")
+	x := uint32(7)
+	for range 95 {
+		x = x*1664525 + 1013904223
+		b = append(b, alphabet[x>>26])
+	}
+	return string(b)
+}()
+
+// jsonish returns n bytes of streamed-JSON-like text, the same every run:
+// event lines with ids of random base62 (the alphabet of keys) and words.
+func jsonish(n int) []byte {
+	const base62 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
+	words := strings.Fields("the model streamed tokens of text and then stopped because it reached " +
+		"end_turn with usage input_tokens output_tokens cache_read lorem ipsum dolor sit amet consectetur")
+	var b strings.Builder
+	x := uint32(1)
+	rnd := func() uint32 { x = x*1664525 + 1013904223; return x >> 8 }
+	for i := 0; b.Len() < n; i++ {
+		b.WriteString(`data: {"type":"content_block_delta","id":"msg_`)
+		for range 24 {
+			b.WriteByte(base62[rnd()%62])
+		}
+		fmt.Fprintf(&b, `","index":%d,"delta":{"type":"text_delta","text":"`, i%7)
+		for range 8 {
+			b.WriteString(words[rnd()%uint32(len(words))])
+			b.WriteByte(' ')
+		}
+		b.WriteString("\"}}\n\n")
+	}
+	return []byte(b.String()[:n])
+}
+
+// withSecrets puts the key whole, and all of it but its last byte, into
+// every 4 KiB of body.
+func withSecrets(body []byte) []byte {
+	var out []byte
+	for len(body) > 0 {
+		n := min(4<<10, len(body))
+		out = append(out, body[:n/2]...)
+		out = append(out, benchKey...)
+		out = append(out, body[n/2:n]...)
+		out = append(out, benchKey[:len(benchKey)-1]...)
+		body = body[n:]
+	}
+	return out
+}
+
+// BenchmarkScrub compares, in one run, this package's scrub (whole secrets
+// and partial runs) with the scanner it replaced (whole secrets only,
+// oldscrub_test.go), on bodies with no secret and with secrets, streamed
+// through a scrub reader ("stream") and, for small bodies, the check that
+// a body of known length holds anything to scrub ("check", what Exchange
+// does before scrubbing a small body whole).
+func BenchmarkScrub(b *testing.B) {
+	// Scrubbers are built once, as the proxy does (one per secret, or one
+	// per set of rules, cached).
+	secrets := []*Secret{newSecret("ANTHROPIC_API_KEY", benchKey, "sandgate-placeholder-ANTHROPIC_API_KEY")}
+	oldM, newM := buildOldScrubber(secrets), secrets[0].scrub
+	for _, body := range []struct {
+		name string
+		data []byte
+	}{
+		{"nosecret-1MiB", jsonish(1 << 20)},
+		{"nosecret-4KiB", jsonish(4 << 10)},
+		{"secrets-1MiB", withSecrets(jsonish(1 << 20))},
+		{"secrets-4KiB", withSecrets(jsonish(4 << 10))},
+	} {
+		for _, impl := range []struct {
+			name string
+			r    func(io.Reader) io.Reader
+		}{
+			{"old", func(r io.Reader) io.Reader {
+				return &oldScrubReader{src: r, m: oldM, next: make([]int, len(oldM.pats))}
+			}},
+			{"new", func(r io.Reader) io.Reader { return NewScrubReader(r, secrets) }},
+		} {
+			b.Run("stream/"+body.name+"/"+impl.name, func(b *testing.B) {
+				b.SetBytes(int64(len(body.data)))
+				b.ReportAllocs()
+				for b.Loop() {
+					if _, err := io.Copy(io.Discard, impl.r(bytes.NewReader(body.data))); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
+		if len(body.data) > 64<<10 {
+			continue
+		}
+		b.Run("check/"+body.name+"/old", func(b *testing.B) {
+			b.SetBytes(int64(len(body.data)))
+			for b.Loop() {
+				for _, p := range oldM.pats {
+					if bytes.Contains(body.data, p.find) {
+						break
+					}
+				}
+			}
+		})
+		b.Run("check/"+body.name+"/new", func(b *testing.B) {
+			b.SetBytes(int64(len(body.data)))
+			for b.Loop() {
+				newM.findsBytes(body.data)
+			}
+		})
 	}
 }

@@ -92,11 +92,11 @@ type ModuleFailure interface {
 	ModuleName() string
 }
 
-// ErrScrub wraps the error of a response the chain could not scrub of a
-// swapped secret (an encoding it cannot decode): it must not reach the
-// sandbox. Any other error of [Exchange.Response] is the modules' (a
+// ErrScrub wraps the error of a response the chain could not scrub of the
+// secrets its host may have been sent (an encoding it cannot decode): it
+// must not reach the sandbox. Any other error of [Exchange.Response] is the modules' (a
 // [ModuleFailure]) or the upstream body's.
-var ErrScrub = errors.New("response could not be scrubbed of the swapped credential")
+var ErrScrub = errors.New("response could not be scrubbed of the sandbox's credentials")
 
 // Exchange is one request's passage through a [Chain]: what the request
 // pass did (the rules that matched, the secrets swapped, a module's
@@ -151,9 +151,14 @@ func (x *Exchange) noteFailure(err error) {
 // nil.
 func (x *Exchange) Answer() *Answer { return x.answer }
 
-// Swapped reports whether a secret went into the request: its response and
-// anything quoting it (an error) must then be scrubbed.
+// Swapped reports whether a secret went into the request.
 func (x *Exchange) Swapped() bool { return len(x.applied.Secrets) > 0 }
+
+// Scrubs reports whether the response and anything quoting it (an error, a
+// module's note) are scrubbed: whether a rule with a secret targets the
+// request's host (see [Applied]), whether or not a secret went into this
+// request.
+func (x *Exchange) Scrubs() bool { return len(x.applied.Scrub) > 0 }
 
 // wholeBodyMax is the largest response that is scrubbed whole rather than
 // streamed: small answers keep an exact Content-Length (one write, no
@@ -162,7 +167,9 @@ const wholeBodyMax = 256 << 10
 
 // Response runs the response pass on resp, the upstream's response to the
 // request (or one built from a module's Answer that is not a refusal):
-// the swapped secrets are scrubbed from it first (see [ScrubResponse]; a
+// when a rule with a secret targets the request's host, the response is
+// scrubbed of those secrets first, whether or not the request carried one
+// (see [Applied] and [ScrubResponse]; a
 // small body of known length is scrubbed whole and keeps an exact
 // Content-Length), then the modules may rewrite it. An error means resp
 // must not be sent: it wraps [ErrScrub], is a [ModuleFailure], or is the
@@ -171,7 +178,7 @@ func (x *Exchange) Response(ctx context.Context, resp *http.Response) error {
 	if x.answer != nil && x.answer.Refused {
 		return nil // a refusal is the proxy's own answer; Close tells the modules
 	}
-	if x.Swapped() {
+	if x.Scrubs() {
 		if err := scrubWhole(resp, x.applied); err != nil {
 			return err
 		}
@@ -185,7 +192,7 @@ func (x *Exchange) Response(ctx context.Context, resp *http.Response) error {
 	return nil
 }
 
-// scrubWhole scrubs resp of the swapped secrets; a small body of known
+// scrubWhole scrubs resp of applied.Scrub; a small body of known
 // length is read and scrubbed whole, so it keeps a Content-Length; anything
 // else (streams, SSE, large downloads) is scrubbed as it streams.
 func scrubWhole(resp *http.Response, applied Applied) error {
@@ -195,7 +202,7 @@ func scrubWhole(resp *http.Response, applied Applied) error {
 	}
 	if known >= 0 && known <= wholeBodyMax {
 		if coding, err := contentCoding(resp.Header); err == nil && coding == "" {
-			return scrubSmall(resp, newScrubber(applied.Secrets), known)
+			return scrubSmall(resp, applied.scrubber(), known)
 		}
 	}
 	if err := applied.ScrubResponse(resp); err != nil {
@@ -244,12 +251,7 @@ func scrubSmall(resp *http.Response, m *scrubber, n int64) error {
 		return err
 	}
 	resp.Body.Close()
-	for _, p := range m.pats {
-		if bytes.Contains(buf, p.find) {
-			buf, _ = m.scan(nil, buf, true, make([]int, len(m.pats)))
-			break
-		}
-	}
+	buf = m.scrubBytes(buf)
 	resp.Header.Del("Content-Length")
 	resp.Body = io.NopCloser(bytes.NewReader(buf))
 	resp.ContentLength = int64(len(buf))
@@ -263,8 +265,9 @@ func (e *scrubError) Error() string        { return e.err.Error() }
 func (e *scrubError) Unwrap() error        { return e.err }
 func (e *scrubError) Is(target error) bool { return target == ErrScrub }
 
-// ScrubString returns s with every swapped secret replaced by its
-// placeholder: for an error message that may quote what the upstream sent.
+// ScrubString returns s scrubbed of the secrets the response is scrubbed of
+// (see [Exchange.Scrubs]): for an error message that may quote what the
+// upstream sent.
 func (x *Exchange) ScrubString(s string) string { return x.applied.ScrubString(s) }
 
 // Close ends the exchange: modules whose response pass has not run (the
@@ -284,7 +287,7 @@ func (x *Exchange) Close() {
 
 // Audit is what a request's passage through the chain adds to its audit
 // event. It holds no secret: rules are named, and the modules' notes are
-// scrubbed of the swapped secrets (a note may quote the upstream's answer).
+// scrubbed like the response (a note may quote the upstream's answer).
 type Audit struct {
 	// Transforms names the rules that matched, in order.
 	Transforms []string
@@ -302,7 +305,7 @@ func (x *Exchange) Audit() Audit {
 	a := Audit{Transforms: x.applied.Rules, Module: x.module}
 	if x.mods != nil {
 		a.Notes, a.NotesDropped = x.mods.Notes(), x.mods.NotesDropped()
-		if x.Swapped() {
+		if x.Scrubs() {
 			for i, n := range a.Notes {
 				a.Notes[i] = x.applied.ScrubString(n)
 			}

@@ -152,3 +152,45 @@ func TestChainUnscrubbableResponse(t *testing.T) {
 		t.Error("a module saw a response that could not be scrubbed")
 	}
 }
+
+// A response from a host a rule's secret goes to is scrubbed even when the
+// request carried no secret: the upstream may echo an earlier request.
+func TestChainScrubsResponseOfTargetedHostWithoutSwap(t *testing.T) {
+	rules, err := ParseRules([]byte(`[{"match":{"host":"api.example.com","path":{"startsWith":"/v1/"}},"transform":{"headers":{"authorization":{"env":"KEY","prefix":"Bearer "}}}}]`),
+		func(string) (string, bool) { return chainSecret, true })
+	if err != nil {
+		t.Fatal(err)
+	}
+	set := NewRuleSet(rules...)
+	for _, tc := range []struct {
+		url  string
+		want string
+	}{
+		{"https://api.example.com/other", "echo sandgate-placeholder-KEY"},
+		{"https://elsewhere.example/v1/x", "echo " + chainSecret}, // never sent the secret: untouched
+	} {
+		mods := &recordingModules{notesAfter: []string{"m: saw " + chainSecret}}
+		req, _ := http.NewRequest("GET", tc.url, nil)
+		x, err := Chain{Modules: mods, Rules: set}.Request(context.Background(), req, RequestInfo{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if x.Swapped() {
+			t.Fatalf("%s: a secret went into a request no rule matched", tc.url)
+		}
+		resp := &http.Response{StatusCode: 200, Header: http.Header{"X-Echo": {chainSecret}}, ContentLength: -1,
+			Body: io.NopCloser(strings.NewReader("echo " + chainSecret))}
+		if err := x.Response(context.Background(), resp); err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		if string(b) != tc.want || mods.sawBody != tc.want {
+			t.Errorf("%s: body %q (module saw %q), want %q", tc.url, b, mods.sawBody, tc.want)
+		}
+		x.Close()
+		notes := strings.Join(x.Audit().Notes, " ")
+		if x.Scrubs() && (strings.Contains(notes, chainSecret) || strings.Contains(resp.Header.Get("X-Echo"), chainSecret)) {
+			t.Errorf("%s: the secret is left in a note %q or a header %q", tc.url, notes, resp.Header.Get("X-Echo"))
+		}
+	}
+}

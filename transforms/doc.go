@@ -4,9 +4,10 @@
 // It provides the request-transformation rules of the AI SDK harness (a
 // match on host, path, method, query string and headers, and a transform
 // that overwrites headers), the swap of placeholders for secrets, and the
-// scrubbing of those secrets from responses (secret → placeholder), including
-// gzip- and zstd-encoded bodies, streaming and without holding back more
-// than a secret's length needs; and the credential guard ([Guard]), which
+// scrubbing of those secrets from responses (secret → placeholder; a run of
+// 12 or more of a secret's bytes → a mask), including gzip- and
+// zstd-encoded bodies, streaming and without holding back more than a
+// secret's length needs; and the credential guard ([Guard]), which
 // refuses a secret in anything bound for a sandbox (values, streams, tars)
 // before any byte of it goes in.
 //

@@ -200,6 +200,17 @@ func (r *Rule) matches(v *requestView) bool {
 	return true
 }
 
+// targets reports whether a secret of a rule with this host matcher may
+// be sent to host, so that host's responses must be scrubbed of it: when
+// the matcher matches it, and, for a matcher that names no host (the zero
+// Rule's), always.
+func (m hostMatcher) targets(host string) bool {
+	if m.exact == "" && m.suffix == "" {
+		return true
+	}
+	return m.match(host)
+}
+
 func (m hostMatcher) match(host string) bool {
 	if host == "" {
 		return false

@@ -22,9 +22,11 @@ var ErrUnsupportedEncoding = errors.New("response content encoding cannot be scr
 // "zstd" content coding to 8 MiB, which also bounds the decoder's memory.
 const zstdMaxWindow = 8 << 20
 
-// ScrubResponse makes resp safe to hand to the sandbox after a request that
-// carried secrets: every occurrence of each secret in the header values (and
-// names), in the body and in the trailers is replaced by its placeholder.
+// ScrubResponse makes resp safe to hand to the sandbox when it comes from a
+// host the secrets may have been sent to: every occurrence of each secret
+// in the header values (and names), in the body and in the trailers is
+// replaced by its placeholder, and every run of [MinPartialRun] or more
+// consecutive bytes of a secret by [PartialMask] bytes.
 //
 // The body is wrapped, not read: scrubbing happens as the caller reads, a
 // streaming response (text/event-stream) stays streaming, and a secret split
@@ -45,7 +47,10 @@ const zstdMaxWindow = 8 << 20
 // With no secrets ScrubResponse does nothing. Closing the new body closes
 // the decoder and the original body.
 func ScrubResponse(resp *http.Response, secrets []*Secret) error {
-	m := newScrubber(secrets)
+	return scrubResponse(resp, newScrubber(secrets))
+}
+
+func scrubResponse(resp *http.Response, m *scrubber) error {
 	if m == nil || resp == nil {
 		return nil
 	}
@@ -73,7 +78,7 @@ func ScrubResponse(resp *http.Response, secrets []*Secret) error {
 	resp.Header.Del("Content-Length")
 	resp.ContentLength = -1
 	resp.Body = &scrubBody{
-		r:    &scrubReader{src: src, m: m, next: make([]int, len(m.pats))},
+		r:    newScrubReader(src, m),
 		m:    m,
 		resp: resp,
 		dec:  dec,

@@ -2,6 +2,7 @@ package transforms
 
 import (
 	"fmt"
+	"maps"
 	"net/http"
 	"slices"
 	"strings"
@@ -22,7 +23,24 @@ type RuleSet struct {
 type ruleList struct {
 	rules []Rule
 	names []string // audit names, by position in the set
+	// scrubs caches, by the set of rules whose host matcher matches a host
+	// (a bit per rule; lists of more than 64 rules are not cached), the
+	// secrets that responses of such a host are scrubbed of, with their
+	// scrubber: copy on write, at most maxScrubCache entries.
+	scrubs atomic.Pointer[map[uint64]*scrubTarget]
+	smu    sync.Mutex // serialises writers of scrubs
 }
+
+// scrubTarget is what the responses of a host are scrubbed of.
+type scrubTarget struct {
+	secrets []*Secret
+	m       *scrubber
+}
+
+// maxScrubCache bounds the cache of a ruleList: wildcard rules match
+// unbounded sets of hosts, but the cache is keyed by the rules that
+// matched, so a handful of entries is the rule.
+const maxScrubCache = 64
 
 func newRuleList(rules []Rule) *ruleList {
 	l := &ruleList{rules: rules, names: make([]string, len(rules))}
@@ -74,21 +92,35 @@ func (s *RuleSet) Len() int {
 }
 
 // Applied says what [RuleSet.Apply] did to a request. It holds no secret
-// value: Rules are names for the audit event and Secrets print as
+// value: Rules are names for the audit event and secrets print as
 // [Redacted].
 type Applied struct {
 	// Rules names the rules that matched, in order, as "rule[i] host" where
 	// i is the rule's position in the set.
 	Rules []string
-	// Secrets are the distinct secrets swapped into the request. When it is
-	// non-empty the response must go through ScrubResponse before it
-	// reaches the sandbox.
+	// Secrets are the distinct secrets swapped into the request.
 	Secrets []*Secret
+	// Scrub are the secrets the response must be scrubbed of before it
+	// reaches the sandbox: those of every rule whose match.host matches
+	// the request's host, whether or not the rest of the rule matched this
+	// request (so Secrets are among them). When it is non-empty the
+	// response goes through [Applied.ScrubResponse].
+	Scrub []*Secret
+	scrub *scrubber // for Scrub, built once per rule list
 }
 
-// ScrubResponse scrubs resp of a.Secrets; see [ScrubResponse].
+// ScrubResponse scrubs resp of a.Scrub; see [ScrubResponse].
 func (a Applied) ScrubResponse(resp *http.Response) error {
-	return ScrubResponse(resp, a.Secrets)
+	return scrubResponse(resp, a.scrubber())
+}
+
+// scrubber returns the scrubber of a.Scrub (nil when there is nothing to
+// scrub).
+func (a Applied) scrubber() *scrubber {
+	if a.scrub == nil && len(a.Scrub) > 0 {
+		return newScrubber(a.Scrub)
+	}
+	return a.scrub
 }
 
 // Apply matches out against every rule and, for each rule that matches, in
@@ -101,17 +133,29 @@ func (a Applied) ScrubResponse(resp *http.Response) error {
 // Then, for the matching rules' secrets, each value of the credential
 // headers (Authorization, X-Api-Key, Api-Key) that contains a secret's
 // placeholder has it replaced by the secret (so "Authorization: Bearer
-// sandgate-placeholder-KEY" works), and, when any
-// secret went in, Accept-Encoding is restricted to codings the response
-// scrubber can decode (see [RestrictAcceptEncoding]). Header value slices
-// are replaced, never written in place, so a request cloned from the
-// sandbox's keeps its values. The body and URL are never rewritten.
+// sandgate-placeholder-KEY" works). The body and URL are never rewritten.
+// Header value slices are replaced, never written in place, so a request
+// cloned from the sandbox's keeps its values.
+//
+// Applied.Scrub lists the secrets the response must be scrubbed of: every
+// secret of a rule whose host matcher matches out's host, even when no
+// rule matched the request (see [Applied]). Whenever it is non-empty,
+// Accept-Encoding is restricted to codings the scrubber can decode (see
+// [RestrictAcceptEncoding]).
 func (s *RuleSet) Apply(out *http.Request) Applied {
 	l := s.cur.Load()
 	if l == nil || len(l.rules) == 0 || out == nil {
 		return Applied{}
 	}
 	v := newRequestView(out)
+	var a Applied
+	if t := l.targets(v.host); t != nil {
+		a.Scrub, a.scrub = t.secrets, t.m
+		if out.Header == nil {
+			out.Header = make(http.Header)
+		}
+		RestrictAcceptEncoding(out.Header)
+	}
 	var matched []int
 	for i := range l.rules {
 		if l.rules[i].matches(v) {
@@ -119,12 +163,11 @@ func (s *RuleSet) Apply(out *http.Request) Applied {
 		}
 	}
 	if len(matched) == 0 {
-		return Applied{}
+		return a
 	}
 	if out.Header == nil {
 		out.Header = make(http.Header)
 	}
-	var a Applied
 	for _, i := range matched {
 		r := &l.rules[i]
 		a.Rules = append(a.Rules, l.names[i])
@@ -139,16 +182,84 @@ func (s *RuleSet) Apply(out *http.Request) Applied {
 	}
 	if len(a.Secrets) > 0 {
 		swapPlaceholders(out.Header, a.Secrets)
-		RestrictAcceptEncoding(out.Header)
 	}
 	return a
 }
 
+// targets returns what the responses of host must be scrubbed of, or nil
+// when no rule with a secret targets it.
+//
+// A rule targets the hosts its match.host matches — exactly the hosts the
+// proxy may send its secret to — whatever the rest of its match says: a
+// response on a route to such a host may carry the secret even when the
+// request did not (an upstream that echoes an earlier request, a response
+// read from a connection that had carried one, an upstream that keeps
+// what it was sent), so every such response is scrubbed. Hosts no rule
+// targets never received a secret from the proxy (upstream connections are
+// pooled per host), so their responses go through untouched. A rule with
+// no host matcher (the zero Rule; ParseRules requires a host) targets
+// every host: a secret with no known destination is scrubbed everywhere.
+func (l *ruleList) targets(host string) *scrubTarget {
+	var key uint64
+	cacheable := len(l.rules) <= 64
+	found := false
+	for i := range l.rules {
+		r := &l.rules[i]
+		if len(r.secrets) == 0 || !r.host.targets(host) {
+			continue
+		}
+		found = true
+		if cacheable {
+			key |= 1 << i
+		}
+	}
+	if !found {
+		return nil
+	}
+	if cacheable {
+		if m := l.scrubs.Load(); m != nil {
+			if t := (*m)[key]; t != nil {
+				return t
+			}
+		}
+	}
+	t := &scrubTarget{}
+	for i := range l.rules {
+		r := &l.rules[i]
+		if len(r.secrets) == 0 || !r.host.targets(host) {
+			continue
+		}
+		for _, sec := range r.secrets {
+			if !slices.Contains(t.secrets, sec) {
+				t.secrets = append(t.secrets, sec)
+			}
+		}
+	}
+	t.m = newScrubber(t.secrets)
+	if cacheable {
+		l.smu.Lock()
+		old := l.scrubs.Load()
+		if old != nil && (*old)[key] != nil {
+			t = (*old)[key] // built meanwhile by another request
+		} else if old == nil || len(*old) < maxScrubCache {
+			m := make(map[uint64]*scrubTarget, 1)
+			if old != nil {
+				maps.Copy(m, *old)
+			}
+			m[key] = t
+			l.scrubs.Store(&m)
+		}
+		l.smu.Unlock()
+	}
+	return t
+}
+
 // swapHeaders are the headers in which a placeholder is replaced by its
 // secret. Only credential headers: a header an upstream might echo back
-// truncated (Content-Type in an error message, say) would let the sandbox
-// read the secret piece by piece, past the scrubber that only sees whole
-// copies. Headers a rule writes are set whole and need no swap.
+// truncated at a point the sandbox chooses (Content-Type in an error
+// message, say) would let the sandbox read the secret in pieces shorter
+// than the scrubber's MinPartialRun. Headers a rule writes are set whole
+// and need no swap.
 var swapHeaders = []string{"Authorization", "X-Api-Key", "Api-Key"}
 
 // swapPlaceholders replaces each secret's placeholder by its value in the

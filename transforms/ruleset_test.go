@@ -3,6 +3,7 @@ package transforms
 import (
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -187,4 +188,89 @@ func TestRuleSetConcurrent(t *testing.T) {
 	if got := set.Len(); got != 0 {
 		t.Errorf("after Set(): got %d rules, want 0", got)
 	}
+}
+
+// TestApplyScrubTargetsEveryRequestToTheHost: a response may carry a secret
+// that its request did not (an upstream echoing an earlier request), so
+// every request to a host a rule with a secret targets is to be scrubbed of
+// that rule's secrets — and asks only for codings the scrubber reads —
+// whether or not the rule matched it; other hosts are left alone.
+func TestApplyScrubTargetsEveryRequestToTheHost(t *testing.T) {
+	rules, err := ParseRules([]byte(`[
+	 {"match":{"host":"api.example.com","path":{"startsWith":"/v1/"}},"transform":{"headers":{"x-api-key":{"env":"CANARY"}}}},
+	 {"match":{"host":"*.wild.example"},"transform":{"headers":{"authorization":{"env":"OTHER_KEY"}}}},
+	 {"match":{"host":"api.example.com","method":["PUT"]},"transform":{"headers":{"x-lit":"no secret"}}},
+	 {"match":{"host":"lit.example.com"},"transform":{"headers":{"x-lit":"no secret"}}}]`),
+		func(n string) (string, bool) {
+			if n == "OTHER_KEY" {
+				return "other-secret-value", true
+			}
+			return canaryEnv(n)
+		})
+	if err != nil {
+		t.Fatal(err)
+	}
+	set := NewRuleSet(rules...)
+	for _, tc := range []struct {
+		url            string
+		swapped, scrub string // secret names
+	}{
+		{"https://api.example.com/v1/messages", "CANARY", "CANARY"},
+		{"https://api.example.com/other", "", "CANARY"}, // the rule's path does not match: scrubbed all the same
+		{"https://API.Example.COM./other", "", "CANARY"},
+		{"https://a.wild.example/", "OTHER_KEY", "OTHER_KEY"},
+		{"https://wild.example/", "", ""}, // the apex is not a subdomain: no secret goes there
+		{"https://lit.example.com/", "", ""},
+		{"https://elsewhere.example/", "", ""},
+	} {
+		req := newReq(t, "GET", tc.url, "Accept-Encoding", "br, gzip")
+		a := set.Apply(req)
+		if got := secretNames(a.Secrets); got != tc.swapped {
+			t.Errorf("%s: swapped %q, want %q", tc.url, got, tc.swapped)
+		}
+		if got := secretNames(a.Scrub); got != tc.scrub {
+			t.Errorf("%s: scrub %q, want %q", tc.url, got, tc.scrub)
+		}
+		wantAE := "br, gzip"
+		if tc.scrub != "" {
+			wantAE = "gzip"
+		}
+		if got := req.Header.Get("Accept-Encoding"); got != wantAE {
+			t.Errorf("%s: Accept-Encoding %q, want %q", tc.url, got, wantAE)
+		}
+		body := "echo " + canary + " other-secret-value"
+		want := body
+		if tc.scrub == "CANARY" {
+			want = "echo sandgate-placeholder-CANARY other-secret-value"
+		} else if tc.scrub == "OTHER_KEY" {
+			want = "echo " + canary + " sandgate-placeholder-OTHER_KEY"
+		}
+		if got := a.ScrubString(body); got != want {
+			t.Errorf("%s: ScrubString gave %q, want %q", tc.url, got, want)
+		}
+	}
+	// The scrubber of a set of rules is built once per rule list.
+	a1 := set.Apply(newReq(t, "GET", "https://api.example.com/a"))
+	a2 := set.Apply(newReq(t, "GET", "https://api.example.com/b"))
+	if a1.scrub == nil || a1.scrub != a2.scrub {
+		t.Error("the scrubber of api.example.com was built twice for one rule list")
+	}
+	// More rules than the cache's key holds: scrubbed all the same.
+	many := slices.Repeat(rules[:1], 70)
+	if got := secretNames(NewRuleSet(many...).Apply(newReq(t, "GET", "https://api.example.com/x")).Scrub); got != "CANARY" {
+		t.Errorf("with 70 rules: scrub %q, want CANARY", got)
+	}
+	// The zero Rule names no host: a secret with no known destination
+	// would be scrubbed from every host's responses.
+	if !(hostMatcher{}).targets("anything.example") {
+		t.Error("a rule without a host matcher targets no host; want every host")
+	}
+}
+
+func secretNames(ss []*Secret) string {
+	var names []string
+	for _, s := range ss {
+		names = append(names, s.Name())
+	}
+	return strings.Join(names, ",")
 }

@@ -11,10 +11,22 @@ import (
 	"time"
 )
 
-// refScrub is the specification, written the slow obvious way: left to
-// right, at each byte the longest secret that starts there is replaced and
-// skipped; otherwise the byte is copied.
+// refScrub is the specification, written the slow obvious way: a byte is
+// masked when it lies in a window of MinPartialRun bytes that occurs in a
+// secret at least that long; then, left to right, at each byte the longest
+// secret that starts there is replaced by its placeholder and skipped;
+// otherwise the byte is copied, or PartialMask when it is masked.
 func refScrub(in string, secrets []*Secret) string {
+	masked := make([]bool, len(in))
+	for i := 0; i+MinPartialRun <= len(in); i++ {
+		for _, s := range secrets {
+			if len(s.value) >= MinPartialRun && strings.Contains(s.value, in[i:i+MinPartialRun]) {
+				for k := i; k < i+MinPartialRun; k++ {
+					masked[k] = true
+				}
+			}
+		}
+	}
 	var b strings.Builder
 	for i := 0; i < len(in); {
 		best := -1
@@ -24,7 +36,11 @@ func refScrub(in string, secrets []*Secret) string {
 			}
 		}
 		if best < 0 {
-			b.WriteByte(in[i])
+			if masked[i] {
+				b.WriteByte(PartialMask)
+			} else {
+				b.WriteByte(in[i])
+			}
 			i++
 			continue
 		}
@@ -83,7 +99,9 @@ var scrubCases = []struct {
 	{"near miss then hit", "SECRET-12SECRET-123", [][2]string{{"SECRET-123", "<P>"}}, "SECRET-12<P>"},
 	{"prefix at eof", "xx SECRET-12", [][2]string{{"SECRET-123", "<P>"}}, "xx SECRET-12"},
 	{"longest wins", "key=prefix-secret-long!", [][2]string{{"prefix-secret", "<S>"}, {"prefix-secret-long", "<L>"}}, "key=<L>!"},
-	{"shorter when longer fails", "prefix-secret-lonX", [][2]string{{"prefix-secret-long", "<L>"}, {"prefix-secret", "<S>"}}, "<S>-lonX"},
+	// The whole shorter secret is replaced; what follows it is part of a
+	// run of the longer one (prefix-secret-lon, 17 bytes): masked.
+	{"shorter when longer fails", "prefix-secret-lonX", [][2]string{{"prefix-secret-long", "<L>"}, {"prefix-secret", "<S>"}}, "<S>****X"},
 	{"overlap leftmost wins", "AAAABBBBCCCC", [][2]string{{"BBBBCCCC", "<BC>"}, {"AAAABBBB", "<AB>"}}, "<AB>CCCC"},
 	{"two secrets", "x=ONE-SECRET y=TWO-SECRET", [][2]string{{"ONE-SECRET", "<1>"}, {"TWO-SECRET", "<2>"}}, "x=<1> y=<2>"},
 	{"placeholder longer than secret", "[SECRET-123]", [][2]string{{"SECRET-123", "sandgate-placeholder-SECRET"}}, "[sandgate-placeholder-SECRET]"},
@@ -103,34 +121,45 @@ func makeSecrets(pairs [][2]string) []*Secret {
 func TestScrubReaderCases(t *testing.T) {
 	for _, tc := range scrubCases {
 		t.Run(tc.name, func(t *testing.T) {
-			secrets := makeSecrets(tc.secrets)
-			if got := refScrub(tc.in, secrets); got != tc.want {
-				t.Fatalf("reference: got %q, want %q", got, tc.want)
-			}
-			readers := map[string]io.Reader{
-				"whole":     strings.NewReader(tc.in),
-				"bytewise":  iotest.OneByteReader(strings.NewReader(tc.in)),
-				"half":      iotest.HalfReader(strings.NewReader(tc.in)),
-				"dataerr":   iotest.DataErrReader(strings.NewReader(tc.in)),
-				"onebyteio": iotest.OneByteReader(iotest.DataErrReader(strings.NewReader(tc.in))),
-			}
-			for name, r := range readers {
-				if got := scrubAll(t, r, secrets); got != tc.want {
-					t.Errorf("%s: got %q, want %q", name, got, tc.want)
-				}
-			}
-			// Every way of cutting the input in two and in three.
-			for i := 0; i <= len(tc.in); i++ {
-				if got := scrubAll(t, chunks(tc.in, i), secrets); got != tc.want {
-					t.Errorf("cut at %d: got %q, want %q", i, got, tc.want)
-				}
-				for j := i; j <= len(tc.in); j++ {
-					if got := scrubAll(t, chunks(tc.in, i, j), secrets); got != tc.want {
-						t.Errorf("cut at %d,%d: got %q, want %q", i, j, got, tc.want)
-					}
-				}
-			}
+			checkScrub(t, tc.in, makeSecrets(tc.secrets), tc.want)
 		})
+	}
+}
+
+// checkScrub checks that the reference, ScrubString and the scrub reader,
+// whatever its source's reads and wherever the input is cut in two or
+// three, all turn in into want.
+func checkScrub(t *testing.T, in string, secrets []*Secret, want string) {
+	t.Helper()
+	tc := struct{ in, want string }{in, want}
+	if got := refScrub(tc.in, secrets); got != tc.want {
+		t.Fatalf("reference: got %q, want %q", got, tc.want)
+	}
+	if got := ScrubString(tc.in, secrets); got != tc.want {
+		t.Errorf("ScrubString: got %q, want %q", got, tc.want)
+	}
+	readers := map[string]io.Reader{
+		"whole":     strings.NewReader(tc.in),
+		"bytewise":  iotest.OneByteReader(strings.NewReader(tc.in)),
+		"half":      iotest.HalfReader(strings.NewReader(tc.in)),
+		"dataerr":   iotest.DataErrReader(strings.NewReader(tc.in)),
+		"onebyteio": iotest.OneByteReader(iotest.DataErrReader(strings.NewReader(tc.in))),
+	}
+	for name, r := range readers {
+		if got := scrubAll(t, r, secrets); got != tc.want {
+			t.Errorf("%s: got %q, want %q", name, got, tc.want)
+		}
+	}
+	// Every way of cutting the input in two and in three.
+	for i := 0; i <= len(tc.in); i++ {
+		if got := scrubAll(t, chunks(tc.in, i), secrets); got != tc.want {
+			t.Errorf("cut at %d: got %q, want %q", i, got, tc.want)
+		}
+		for j := i; j <= len(tc.in); j++ {
+			if got := scrubAll(t, chunks(tc.in, i, j), secrets); got != tc.want {
+				t.Errorf("cut at %d,%d: got %q, want %q", i, j, got, tc.want)
+			}
+		}
 	}
 }
 
