@@ -104,7 +104,7 @@ type DecideArgs struct {
 func (d *Decider) Decide(ctx context.Context, args DecideArgs) (Decision, error) {
 	dec := Decision{Port: args.Port}
 	if dec.Port == 0 {
-		dec.Port = HTTPSPort
+		dec.Port = defaultPort(args.Plain)
 	}
 	hm := canonicalHostMemo(args.Host)
 	h, err := hm.host, hm.err

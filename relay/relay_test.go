@@ -14,6 +14,7 @@ import (
 	"net/http/httptest"
 	"net/netip"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -285,12 +286,12 @@ func TestConnectRefusals(t *testing.T) {
 		{"evil.example.com:443", 403, "no allowedHosts rule matches evil.example.com"},
 		{"api.example.com:22", 403, "port 22 is not allowed: HTTPS (443) only"},
 		{"api.example.com:80", 403, "port 80 is not allowed: HTTPS (443) only"},
-		{"private.example.com:443", 403, "private.example.com resolves only to private addresses (10.0.0.5)"},
-		{"127.0.0.1:443", 403, "127.0.0.1 is a loopback address"},
-		{"2130706433:443", 403, "127.0.0.1 is a loopback address"},
+		{"private.example.com:443", 403, "10.0.0.5 is not reachable from the sandbox: private.example.com resolves only to private addresses"},
+		{"127.0.0.1:443", 403, "127.0.0.1 is not reachable from the sandbox (a loopback address)"},
+		{"2130706433:443", 403, "127.0.0.1 is not reachable from the sandbox (a loopback address)"},
 		{"[::ffff:169.254.169.254]:443", 403, "169.254.169.254"},
 		{"0x7f.1:443", 403, "loopback"},
-		{"localhost:443", 403, "refused before any lookup"},
+		{"localhost:443", 403, "no allowedHosts rule matches localhost"},
 		{"metadata.google.internal:443", 403, "metadata"},
 		{"api.example.com", 400, "no port"},
 		{"user@api.example.com:443", 403, "userinfo"},
@@ -539,13 +540,13 @@ func TestRouteRefusals(t *testing.T) {
 		reason    string
 	}{
 		{"denied host", "GET /https/evil.example.com/x HTTP/1.1\r\nHost: p\r\n\r\n", 403, "no allowedHosts rule matches evil.example.com"},
-		{"port", "GET /https/api.example.com:8443/x HTTP/1.1\r\nHost: p\r\n\r\n", 403, "port 8443 is not allowed: HTTPS (443) only"},
+		{"port", "GET /https/api.example.com:8443/x HTTP/1.1\r\nHost: p\r\n\r\n", 403, "port 8443 is not allowed: a route reaches port 443, or the port of one of the sandbox's own base URLs"},
 		{"dns failure", "GET /https/nx.example.com/x HTTP/1.1\r\nHost: p\r\n\r\n", 502, "lookup nx.example.com"},
 		{"plain http", "GET http://api.example.com/ HTTP/1.1\r\nHost: api.example.com\r\n\r\n", 403, "plain http:// is refused"},
 		{"absolute https", "GET https://api.example.com/ HTTP/1.1\r\nHost: api.example.com\r\n\r\n", 400, "CONNECT host:443"},
-		{"http route", "GET /http/api.example.com/x HTTP/1.1\r\nHost: p\r\n\r\n", 403, "an http route is refused"},
-		{"http route spelled oddly", "GET /HTTP/api.example.com/x HTTP/1.1\r\nHost: p\r\n\r\n", 403, "an http route is refused"},
-		{"unknown route", "GET /v1/messages HTTP/1.1\r\nHost: p\r\n\r\n", 404, "/https/<host>/<path>"},
+		{"http route to a host no rule admits", "GET /http/evil.example.com/x HTTP/1.1\r\nHost: p\r\n\r\n", 403, "no allowedHosts rule matches evil.example.com"},
+		{"http route spelled oddly", "GET /HTTP/api.example.com/x HTTP/1.1\r\nHost: p\r\n\r\n", 403, "no route for"},
+		{"unknown route", "GET /v1/messages HTTP/1.1\r\nHost: p\r\n\r\n", 403, "/https/<host>/<path>"},
 		{"no host", "GET /https/ HTTP/1.1\r\nHost: p\r\n\r\n", 400, "names no host"},
 		{"smuggling", "POST /https/api.example.com/x HTTP/1.1\r\nHost: p\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 400, "both Content-Length and Transfer-Encoding"},
 		{"smuggling spelled oddly", "POST /https/api.example.com/x HTTP/1.1\r\nHost: p\r\ncontent-length: 3\r\nTRANSFER-ENCODING: chunked\r\n\r\n0\r\n\r\n", 400, "both Content-Length"},
@@ -719,7 +720,7 @@ func TestRebindingThroughProxy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if b := body(t, resp); resp.StatusCode != 403 || !strings.Contains(b, "rebind.example.com resolves only to private addresses (10.0.0.5)") {
+	if b := body(t, resp); resp.StatusCode != 403 || !strings.Contains(b, "10.0.0.5 is not reachable from the sandbox: rebind.example.com resolves only to private addresses") {
 		t.Errorf("second request: %d %q", resp.StatusCode, b)
 	}
 }
@@ -985,5 +986,66 @@ func TestShutdown(t *testing.T) {
 	}
 	if _, err := http.ReadResponse(br, nil); err == nil {
 		t.Error("the held request was not cut")
+	}
+}
+
+// TestBaseURLOwnOriginRouted covers what protocol 1 routes beyond HTTPS on
+// port 443: an https base URL's own port, and an http base URL, forwarded
+// only to an address the operator opened (the upstream here is exempted,
+// as SANDBOX_ALLOW_PRIVATE_NETWORK does) and refused at a public one.
+func TestBaseURLOwnOriginRouted(t *testing.T) {
+	e := newEnv(t, `{"mode":"custom"}`, "")
+	plain := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "plain %s %s host=%s", r.Method, r.URL.Path, r.Host)
+	}))
+	t.Cleanup(plain.Close)
+	ap := netip.MustParseAddrPort(plain.Listener.Addr().String())
+	e.dns.Set("model.example.com", ap.Addr())
+	e.dns.Set("public.example.com", netip.MustParseAddr("93.184.216.34"))
+	e.decider.AllowPrivate = append(e.decider.AllowPrivate, netip.PrefixFrom(ap.Addr(), 32))
+	// An HTTPS upstream on a port of its own (not 443).
+	tlsOther := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "tls host=%s", r.Host)
+	}))
+	leaf, err := e.ca.Leaf("api.example.com")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tlsOther.TLS = &tls.Config{Certificates: []tls.Certificate{leaf}}
+	tlsOther.StartTLS()
+	t.Cleanup(tlsOther.Close)
+	tp := netip.MustParseAddrPort(tlsOther.Listener.Addr().String())
+	e.dns.Set("api.example.com", tp.Addr())
+	e.decider.AllowPrivate = append(e.decider.AllowPrivate, netip.PrefixFrom(tp.Addr(), 32))
+	port := strconv.Itoa(int(ap.Port()))
+	tport := strconv.Itoa(int(tp.Port()))
+	var origins []netpolicy.Origin
+	for _, u := range []string{"http://model.example.com:" + port + "/v1", "https://api.example.com:" + tport + "/v1", "http://public.example.com/v1"} {
+		o, _ := netpolicy.OriginOf(u)
+		origins = append(origins, o)
+	}
+	rules, _ := netpolicy.ParseHostRules([]string{"model.example.com", "api.example.com", "public.example.com"})
+	e.sb.SetPolicy(netpolicy.Policy{Mode: netpolicy.Custom, RouteHosts: rules, RouteOrigins: origins})
+	get := func(path string) (int, string) {
+		resp, err := e.routeClient().Get("http://" + e.addr + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.StatusCode, body(t, resp)
+	}
+	if code, b := get("/http/model.example.com:" + port + "/v1/x"); code != 200 || b != "plain GET /v1/x host=model.example.com:"+port {
+		t.Errorf("http route to an opened address: %d %q", code, b)
+	}
+	if code, b := get("/https/api.example.com:" + tport + "/v1/y"); code != 200 || b != "tls host=api.example.com:"+tport {
+		t.Errorf("https route to a base URL's own port: %d %q", code, b)
+	}
+	if code, b := get("/http/public.example.com/v1"); code != 403 || !strings.Contains(b, "is not an address the operator opened") {
+		t.Errorf("http route to a public address: %d %q", code, b)
+	}
+	if code, b := get("/https/model.example.com:" + port + "/v1"); code != 403 || !strings.Contains(b, "port "+port+" is not allowed") {
+		t.Errorf("https route to the http base URL's port: %d %q", code, b)
+	}
+	if ev := e.event(1); !ev.Allow || ev.Host != "model.example.com" || ev.Port != int(ap.Port()) {
+		t.Errorf("the audit event of the http route: %+v; want allowed, port %d", ev, ap.Port())
 	}
 }

@@ -78,7 +78,7 @@ func (cc *clientConn) route(ctx context.Context, req *http.Request, t target) bo
 // get that far), which route closes. An error means nothing has been
 // written to the sandbox yet.
 func (cc *clientConn) forward(ctx context.Context, req *http.Request, t target, ev *audit.Event, body *countingBody) (*transforms.Exchange, bool, error) {
-	dec, err := cc.p.cfg.Decider.Decide(ctx, netpolicy.DecideArgs{Policy: cc.sb.Policy(), Host: t.host, Port: t.port, Route: true})
+	dec, err := cc.p.cfg.Decider.Decide(ctx, netpolicy.DecideArgs{Policy: cc.sb.Policy(), Host: t.host, Port: t.port, Route: true, Plain: t.plain})
 	fillDecision(ev, dec)
 	if err != nil {
 		return nil, false, err
@@ -86,7 +86,7 @@ func (cc *clientConn) forward(ctx context.Context, req *http.Request, t target, 
 	if !dec.Allow {
 		return nil, false, denied(dec)
 	}
-	ev.Port = netpolicy.HTTPSPort
+	ev.Port = dec.Port
 
 	expect := req.ContentLength != 0 && strings.EqualFold(req.Header.Get("Expect"), "100-continue")
 	out, err := outboundRequest(req, dec, t, body)
@@ -123,9 +123,9 @@ func (cc *clientConn) forward(ctx context.Context, req *http.Request, t target, 
 	}
 
 	continue100()
-	resp, addr, err := cc.sb.upstream(cc.p).roundTrip(ctx, out, dec.Host.String(), &dec)
+	resp, addr, err := cc.sb.upstream(cc.p).roundTrip(ctx, out, upstreamDest{host: dec.Host.String(), port: dec.Port, plain: t.plain}, &dec)
 	if addr.IsValid() {
-		ev.Addr = netip.AddrPortFrom(addr, netpolicy.HTTPSPort).String()
+		ev.Addr = netip.AddrPortFrom(addr, uint16(dec.Port)).String()
 	}
 	if err != nil {
 		return x, false, err
@@ -224,8 +224,15 @@ func outboundRequest(req *http.Request, dec netpolicy.Decision, t target, body *
 	if dec.Host.IsIP() && dec.Host.Addr.Is6() {
 		host = "[" + host + "]"
 	}
+	scheme := "https"
+	if t.plain {
+		scheme = "http"
+	}
+	if dec.Port != 0 && dec.Port != netpolicy.HTTPSPort && !(t.plain && dec.Port == 80) {
+		host += ":" + strconv.Itoa(dec.Port) // a base URL's own port
+	}
 	// Keep RawPath exactly as sent; nothing else of the sandbox's URI.
-	*u = url.URL{Scheme: "https", Host: host, Path: u.Path, RawPath: u.RawPath, RawQuery: u.RawQuery}
+	*u = url.URL{Scheme: scheme, Host: host, Path: u.Path, RawPath: u.RawPath, RawQuery: u.RawQuery}
 	var rb io.ReadCloser = http.NoBody
 	if req.ContentLength != 0 {
 		rb = body

@@ -11,11 +11,15 @@ import (
 // RoutePrefix starts every base-URL route: http://127.0.0.1:3128/https/<host>/<path>.
 const RoutePrefix = "/https/"
 
+// PlainRoutePrefix starts the route of an http base URL: forwarded only to
+// an address the operator opened (see netpolicy.DecideArgs.Plain).
+const PlainRoutePrefix = "/http/"
+
 type targetKind int
 
 const (
 	kindConnect targetKind = iota + 1 // CONNECT host:port
-	kindRoute                         // /https/<host>[:443]/<path>?<query>
+	kindRoute                         // /https/<host>[:port]/<path>?<query> (or /http/)
 )
 
 // target is a parsed request-target.
@@ -23,6 +27,8 @@ type target struct {
 	kind targetKind
 	host string // as the sandbox spelled it (brackets removed); judged by netpolicy
 	port int    // 0 when not given
+	// plain: an http route (/http/<host>/...), sent without TLS.
+	plain bool
 	// rest is, for a route, the path and query to send upstream, beginning
 	// with "/" (a route with nothing after the host sends "/").
 	rest string
@@ -53,15 +59,16 @@ func parseTarget(method, requestURI string) (target, error) {
 	case strings.HasPrefix(lower, "https://"):
 		return target{}, &Error{Status: http.StatusBadRequest, Code: CodeBadRequest,
 			Reason: "absolute https:// request-targets are not proxied: send CONNECT host:443 for a tunnel, or request /https/<host>/<path> for a base-URL route"}
-	case strings.HasPrefix(lower, "/http/"):
-		// Protocol 1 §7: an http route is refused (403), not unknown.
-		return target{}, &Error{Status: http.StatusForbidden, Code: CodePlainHTTP,
-			Reason: "an http route is refused: sandgate carries only HTTPS, so credentials never travel in clear; use /https/<host>/<path>"}
-	case !strings.HasPrefix(requestURI, RoutePrefix):
-		return target{}, &Error{Status: http.StatusNotFound, Code: CodeNoRoute,
+	case !strings.HasPrefix(requestURI, RoutePrefix) && !strings.HasPrefix(requestURI, PlainRoutePrefix):
+		// Protocol 1 §7: anything that is not a route is 403.
+		return target{}, &Error{Status: http.StatusForbidden, Code: CodeNoRoute,
 			Reason: fmt.Sprintf("no route for %q: base-URL routes look like /https/<host>/<path>", truncate(requestURI, 100))}
 	}
-	after := requestURI[len(RoutePrefix):]
+	prefix := RoutePrefix
+	if strings.HasPrefix(requestURI, PlainRoutePrefix) {
+		prefix = PlainRoutePrefix
+	}
+	after := requestURI[len(prefix):]
 	end := strings.IndexAny(after, "/?")
 	if end < 0 {
 		end = len(after)
@@ -86,7 +93,7 @@ func parseTarget(method, requestURI string) (target, error) {
 	if strings.ContainsAny(rest, " \t\r\n\x00") {
 		return target{}, badRequest("route path contains whitespace or control characters")
 	}
-	return target{kind: kindRoute, host: strings.Trim(host, "[]"), port: port, rest: rest}, nil
+	return target{kind: kindRoute, host: strings.Trim(host, "[]"), port: port, rest: rest, plain: prefix == PlainRoutePrefix}, nil
 }
 
 // pathOnly returns rest without its query, for audit events.

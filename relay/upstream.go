@@ -12,6 +12,7 @@ import (
 	"net/netip"
 	"os"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -38,11 +39,30 @@ type upstreamPool struct {
 	p *Proxy
 
 	mu   sync.Mutex
-	idle map[string][]*upstreamConn // by host (the SNI name)
+	idle map[string][]*upstreamConn // by destination (upstreamDest.key)
 	gen  int                        // bumped by closeIdle; older conns are not pooled
 }
 
-// upstreamConn is one TLS connection to an upstream.
+// upstreamDest is where a route goes: a host (its canonical name, the TLS
+// server name) on a port, over TLS or, for an http route, not.
+type upstreamDest struct {
+	host  string
+	port  int
+	plain bool
+}
+
+// key is the pool's key: connections go only to the destination they were
+// dialed for.
+func (d upstreamDest) key() string {
+	scheme := "https://"
+	if d.plain {
+		scheme = "http://"
+	}
+	return scheme + net.JoinHostPort(d.host, strconv.Itoa(d.port))
+}
+
+// upstreamConn is one connection to an upstream: TLS, or plain TCP for an
+// http route.
 type upstreamConn struct {
 	c      net.Conn        // *tls.Conn
 	raw    syscall.RawConn // the TCP socket under c, for idleQuiet; nil if none
@@ -251,8 +271,9 @@ func (u *upstreamPool) put(host string, c *upstreamConn) {
 }
 
 // dial connects to an address dec checked and completes TLS, verifying the
-// certificate for host.
-func (u *upstreamPool) dial(ctx context.Context, host string, dec *netpolicy.Decision) (*upstreamConn, error) {
+// certificate for the destination's host (an http route's connection is
+// the TCP one as it is).
+func (u *upstreamPool) dial(ctx context.Context, dest upstreamDest, dec *netpolicy.Decision) (*upstreamConn, error) {
 	// The generation is taken before dialing: a policy change during the
 	// dial keeps this connection out of the pool.
 	u.mu.Lock()
@@ -262,6 +283,10 @@ func (u *upstreamPool) dial(ctx context.Context, host string, dec *netpolicy.Dec
 	if err != nil {
 		return nil, err
 	}
+	if dest.plain {
+		return &upstreamConn{c: raw, raw: rawConn(raw), br: bufio.NewReaderSize(raw, 16<<10), bw: bufio.NewWriterSize(raw, 16<<10), addr: dec.Addr, gen: gen}, nil
+	}
+	host := dest.host
 	rec := &recordConn{Conn: raw}
 	tc := tls.Client(rec, &tls.Config{
 		ServerName: host,
@@ -283,7 +308,8 @@ func (u *upstreamPool) dial(ctx context.Context, host string, dec *netpolicy.Dec
 // back; closed early, it closes the connection. reused says whether the
 // connection came from the pool (a failure before any response byte on a
 // reused connection may be retried on a fresh one by the caller).
-func (u *upstreamPool) roundTrip(ctx context.Context, out *http.Request, host string, dec *netpolicy.Decision) (*http.Response, netip.Addr, error) {
+func (u *upstreamPool) roundTrip(ctx context.Context, out *http.Request, dest upstreamDest, dec *netpolicy.Decision) (*http.Response, netip.Addr, error) {
+	host := dest.key()
 	if c := u.get(host, dec); c != nil {
 		resp, err := u.exchange(ctx, out, host, c)
 		if err == nil {
@@ -295,7 +321,7 @@ func (u *upstreamPool) roundTrip(ctx context.Context, out *http.Request, host st
 			return nil, c.addr, err
 		}
 	}
-	c, err := u.dial(ctx, host, dec)
+	c, err := u.dial(ctx, dest, dec)
 	if err != nil {
 		return nil, dec.Addr, err
 	}

@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -36,6 +37,9 @@ type Config struct {
 	// for a host name other than localhost or an IP address (a DNS
 	// rebinding) are refused, so that no web page can drive the sandboxes.
 	LocalOnly bool
+	// LocalHosts are more host names LocalOnly answers for (a compose
+	// service's name, say), compared without letter case.
+	LocalHosts []string
 	// Version is the implementation version /health reports.
 	Version string
 	// Home and WorkDir are a sandbox's home and working directory;
@@ -250,8 +254,9 @@ func (s *Server) check(r *http.Request) error {
 		if h, _, err := net.SplitHostPort(host); err == nil {
 			host = h
 		}
-		if _, err := netip.ParseAddr(strings.Trim(host, "[]")); err != nil && !strings.EqualFold(host, "localhost") {
-			return errorf(http.StatusForbidden, "host %q is refused: without a token this service answers only for localhost and IP addresses (a DNS rebinding defence); set SANDBOX_SERVICE_TOKEN", host)
+		named := strings.EqualFold(host, "localhost") || slices.ContainsFunc(s.cfg.LocalHosts, func(h string) bool { return strings.EqualFold(h, host) })
+		if _, err := netip.ParseAddr(strings.Trim(host, "[]")); err != nil && !named {
+			return errorf(http.StatusForbidden, "host %q is refused: without a token this service answers only for localhost, IP addresses and the names in SANDGATE_LOCAL_HOSTNAMES (a DNS rebinding defence); add %q to SANDGATE_LOCAL_HOSTNAMES, or set SANDBOX_SERVICE_TOKEN", host, host)
 		}
 	}
 	if s.cfg.Token != "" {

@@ -782,3 +782,36 @@ func TestExecStdinNotReadDoesNotBreakTheConnection(t *testing.T) {
 		t.Errorf("the server panicked:\n%.2000s", serverLog.String())
 	}
 }
+
+// TestLocalOnlyRefusesWebPagesAndRebinding checks the tokenless loopback
+// service's two refusals, and that SANDGATE_LOCAL_HOSTNAMES names more
+// hosts it answers for.
+func TestLocalOnlyRefusesWebPagesAndRebinding(t *testing.T) {
+	r := newRig(t, func(c *Config) { c.Token, c.LocalOnly, c.LocalHosts = "", true, []string{"Sandgate.Compose"} })
+	ask := func(host string, hdr map[string]string) (int, string) {
+		req, _ := http.NewRequest("GET", r.hs.URL+"/v1/sandboxes", nil)
+		req.Host = host
+		for k, v := range hdr {
+			req.Header.Set(k, v)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var b bytes.Buffer
+		b.ReadFrom(resp.Body)
+		return resp.StatusCode, b.String()
+	}
+	for _, host := range []string{"localhost", "127.0.0.1", "[::1]:8080", "sandgate.compose:8080"} {
+		if code, body := ask(host, nil); code != 200 {
+			t.Errorf("Host %s: %d %s; want 200", host, code, body)
+		}
+	}
+	if code, body := ask("rebound.example", nil); code != 403 || !strings.Contains(body, "SANDGATE_LOCAL_HOSTNAMES") {
+		t.Errorf("a rebinding host: %d %s; want 403 naming SANDGATE_LOCAL_HOSTNAMES", code, body)
+	}
+	if code, body := ask("localhost", map[string]string{"Origin": "https://evil.example"}); code != 403 || !strings.Contains(body, "Origin") {
+		t.Errorf("a web page's request: %d %s; want 403", code, body)
+	}
+}

@@ -48,6 +48,7 @@ Run (IAM in front) or with --allow-open.`,
 			&cli.StringFlag{Name: "host", Usage: "listen on `ADDR` (default 127.0.0.1; 0.0.0.0 on Cloud Run)", EnvVars: []string{"HOST"}},
 			&cli.IntFlag{Name: "port", Value: 8080, Usage: "listen on `PORT`", EnvVars: []string{"PORT"}},
 			&cli.StringFlag{Name: "token", Usage: "the service `TOKEN` every request must carry in X-Ai-Sdk-Sandbox-Token", EnvVars: []string{"SANDBOX_SERVICE_TOKEN"}},
+			&cli.StringFlag{Name: "local-hostnames", Usage: "without a token, also answer requests for these host `NAMES` (comma-separated; a compose service's name), beside localhost and IP addresses", EnvVars: []string{"SANDGATE_LOCAL_HOSTNAMES"}},
 			&cli.BoolFlag{Name: "allow-open", Usage: "listen beyond loopback without a token (loudly logged; never on an untrusted network)", EnvVars: []string{"SANDGATE_ALLOW_OPEN"}},
 			&cli.StringFlag{Name: "log-format", Usage: "`FORMAT` json (JSON lines Cloud Logging reads) or text (default text; json on Cloud Run)", EnvVars: []string{"LOG_FORMAT"}},
 			&cli.StringFlag{Name: "bucket", Usage: "Cloud Storage `BUCKET` for snapshots and templates (required on Cloud Run)", EnvVars: []string{"SNAPSHOT_BUCKET"}},
@@ -301,7 +302,7 @@ func runServe(c *cli.Context) error {
 		return err
 	}
 	srvh, err := server.New(server.Config{
-		Manager: m, Token: c.String("token"), LocalOnly: loopback && c.String("token") == "", Version: serveVersion(),
+		Manager: m, Token: c.String("token"), LocalOnly: loopback && c.String("token") == "", LocalHosts: splitAll([]string{c.String("local-hostnames")}), Version: serveVersion(),
 		Home: c.String("home"), WorkDir: c.String("workdir"), Path: c.String("path"),
 		AllowedHosts: sc.allowedHosts, BaseURLs: sc.baseURLs, EgressPort: c.Int("egress-port"),
 		Audit: rings, Modules: pp.runtime, Metrics: pp.reg, OutputBytes: int(sc.outputBytes), Logger: logger,
