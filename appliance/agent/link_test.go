@@ -170,7 +170,7 @@ func TestConfigRefusals(t *testing.T) {
 		{Config{Home: "relative"}, "home"},
 		{Config{BaseURLs: map[string]string{"1BAD": ""}}, "environment variable name"},
 		{Config{BaseURLs: map[string]string{"HTTPS_PROXY": ""}}, "proxy variable"},
-		{Config{BaseURLs: map[string]string{"X_URL": "http://x"}}, "X_URL"},
+		{Config{BaseURLs: map[string]string{"X_URL": "https://u:p@x.example/v1"}}, "X_URL"},
 		{Config{KillScope: "everything"}, "killScope"},
 	}
 	for _, tt := range tests {
