@@ -82,6 +82,9 @@ type Stack struct {
 	// StateDir, WorkDir and StoreDir are the launcher's state, the
 	// manager's work and the store's directories.
 	StateDir, WorkDir, StoreDir string
+	// UpstreamAddr is the upstream's address (a random 127.x.y.z): the one
+	// private address the proxy may dial (its AllowPrivate).
+	UpstreamAddr netip.Addr
 
 	closers []func()
 
@@ -148,6 +151,7 @@ func Start(cfg Config) (s *Stack, err error) {
 	s.closers = append(s.closers, up.Close)
 	upAddr := netip.MustParseAddrPort(up.Listener.Addr().String()).Addr()
 	dns.Set(UpstreamHost, upAddr)
+	s.UpstreamAddr = upAddr
 
 	res, err := netpolicy.NewDNSResolver(netpolicy.ResolverConfig{Servers: []string{dns.Addr}, Timeout: 10 * time.Second})
 	if err != nil {
