@@ -91,6 +91,7 @@ func scenarios(t *testing.T, tg *target) {
 		{"port-through-service", testPort},
 		{"suspend-resume", testSuspendResume},
 		{"sigterm-saves-all", testSIGTERMSavesAll},
+		{"protocol-1-fidelity", testProtocol1Fidelity},
 	} {
 		t.Run(sc.name, func(t *testing.T) {
 			t.Parallel()

@@ -556,3 +556,31 @@ func testSIGTERMSavesAll(t *testing.T, tg *target) {
 		checkFiles(t, s, files[n])
 	}
 }
+
+// 9. What protocol 1's own client sends and sandgate once refused: a
+// single-label host rule and an http base URL are accepted at create; the
+// http route is refused per request at an address nobody opened, saying
+// why in the words that client's tests match; a plain route that is not a
+// route is 403.
+func testProtocol1Fidelity(t *testing.T, tg *target) {
+	s := tg.create(t, tg.c, client.CreateOptions{AllowedHosts: []string{"localhost"},
+		BaseURLs: map[string]string{"MODEL_BASE_URL": "http://127.0.0.1:9/api"}})
+	out := run(t, s, `echo "route=$MODEL_BASE_URL"
+echo "model=$(curl -sS "$MODEL_BASE_URL/v1" | tr '\n' ' ')"
+echo "notaroute=$(curl -sS -o /dev/null -w '%{http_code}' "$HTTP_PROXY/not-a-route")"`)
+	got := map[string]string{}
+	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+		if k, v, ok := strings.Cut(l, "="); ok {
+			got[k] = v
+		}
+	}
+	if !strings.HasSuffix(got["route"], "/http/127.0.0.1:9/api") {
+		t.Errorf("MODEL_BASE_URL in the sandbox: %q; want its relay route", got["route"])
+	}
+	if !strings.Contains(got["model"], "127.0.0.1 is not reachable from the sandbox") {
+		t.Errorf("the http route to loopback: %q; want the refusal", got["model"])
+	}
+	if got["notaroute"] != "403" {
+		t.Errorf("$HTTP_PROXY/not-a-route: %q; want 403", got["notaroute"])
+	}
+}
