@@ -11,7 +11,7 @@ import (
 	"testing"
 
 	"github.com/sandgate/sandgate/appliance/agent"
-	"github.com/sandgate/sandgate/appliance/localbox"
+	"github.com/sandgate/sandgate/appliance/sandboxcli"
 	"github.com/sandgate/sandgate/snapshot"
 	"github.com/sandgate/sandgate/snapshot/store"
 )
@@ -24,12 +24,12 @@ func TestOneSentinelEach(t *testing.T) {
 	for name, pair := range map[string][2]error{
 		"digest mismatch":   {snapshot.ErrDigestMismatch, store.ErrDigestMismatch},
 		"refused":           {agent.ErrRefused, snapshot.ErrRefused},
-		"no such sandbox":   {ErrNotFound, localbox.ErrNotFound},
-		"sandbox exists":    {ErrExists, localbox.ErrExists},
-		"sandbox busy":      {ErrBusy, localbox.ErrBusy},
-		"sandbox stopped":   {ErrNotRunning, localbox.ErrNotRunning},
-		"sandbox running":   {ErrRunning, localbox.ErrRunning},
-		"bad sandbox input": {ErrBadInput, localbox.ErrBadInput},
+		"no such sandbox":   {ErrNotFound, sandboxcli.ErrNotFound},
+		"sandbox exists":    {ErrExists, sandboxcli.ErrExists},
+		"sandbox busy":      {ErrBusy, sandboxcli.ErrBusy},
+		"sandbox stopped":   {ErrNotRunning, sandboxcli.ErrNotRunning},
+		"sandbox running":   {ErrRunning, sandboxcli.ErrRunning},
+		"bad sandbox input": {ErrBadInput, sandboxcli.ErrBadInput},
 	} {
 		if pair[0] != pair[1] {
 			t.Errorf("%s: two sentinels, %v and %v", name, pair[0], pair[1])
@@ -50,7 +50,7 @@ func TestOneSentinelEach(t *testing.T) {
 	_, layerErr := snapshot.Unpack(ctx, bytes.NewReader(layer.Bytes()), filepath.Join(t.TempDir(), "x"),
 		snapshot.ApplyOptions{Digest: "sha256:" + fmt.Sprintf("%064d", 0)})
 	_, objErr := st.Stat(ctx, "snapshots/none.tar.zst")
-	cliErr := &CLIError{Verb: "exec", Err: &exec.ExitError{}, Kind: localbox.ErrorForExit(localbox.ExitNotFound)}
+	cliErr := &CLIError{Verb: "exec", Err: &exec.ExitError{}, Kind: sandboxcli.ErrorForExit(sandboxcli.ExitNotFound)}
 	agentErr := &agent.Error{Op: "tar", Code: "refused", Message: "entry \"../x\": name contains '..'"}
 	for _, tc := range []struct {
 		err  error
@@ -59,8 +59,8 @@ func TestOneSentinelEach(t *testing.T) {
 	}{
 		{layerErr, []error{snapshot.ErrDigestMismatch, store.ErrDigestMismatch}, nil},
 		{objErr, []error{store.ErrNotFound, fs.ErrNotExist}, []error{ErrNotFound}},
-		{cliErr, []error{ErrNotFound, localbox.ErrNotFound, fs.ErrNotExist}, []error{store.ErrNotFound}},
-		{fmt.Errorf("create: %w", localbox.ErrExists), []error{ErrExists, fs.ErrExist}, []error{fs.ErrNotExist}},
+		{cliErr, []error{ErrNotFound, sandboxcli.ErrNotFound, fs.ErrNotExist}, []error{store.ErrNotFound}},
+		{fmt.Errorf("create: %w", sandboxcli.ErrExists), []error{ErrExists, fs.ErrExist}, []error{fs.ErrNotExist}},
 		{agentErr, []error{agent.ErrRefused, snapshot.ErrRefused}, nil},
 	} {
 		for _, w := range tc.want {

@@ -27,7 +27,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandgate/sandgate/appliance/agent"
-	"github.com/sandgate/sandgate/appliance/localbox"
+	"github.com/sandgate/sandgate/appliance/sandboxcli"
 )
 
 // GoogleCLI is where Cloud Run puts its sandbox command when sandboxes are
@@ -79,7 +79,7 @@ type LauncherConfig struct {
 //
 // What went wrong. A failed verb is a *CLIError (errors.As) carrying the
 // CLI's output for messages. With `sandgate sandbox` it also matches the
-// sentinel its exit status stands for (localbox.ExitCode): errors.Is(err,
+// sentinel its exit status stands for (sandboxcli.ExitCode): errors.Is(err,
 // ErrExists), ErrNotFound, ErrBusy, ErrNotRunning, ErrRunning, ErrBadInput,
 // so a caller (an HTTP API: 409, 404) branches without parsing text. With
 // Google's CLI it matches none of them: that CLI exits with one status for
@@ -175,7 +175,7 @@ type LaunchOptions struct {
 // which holds the sandbox open and reaps orphans; the service's agent is
 // started with Agent.
 func (l *Launcher) Create(ctx context.Context, id string, opts LaunchOptions) error {
-	if err := localbox.CheckID(id); err != nil {
+	if err := sandboxcli.CheckID(id); err != nil {
 		return err
 	}
 	args := []string{"run", id, "--detach", "--write",
@@ -190,7 +190,7 @@ func (l *Launcher) Create(ctx context.Context, id string, opts LaunchOptions) er
 	}
 	if opts.Template != "" {
 		if l.google {
-			return fmt.Errorf("%w: Google's sandbox CLI has no templates: import the template's layer (ImportTar)", localbox.ErrBadInput)
+			return fmt.Errorf("%w: Google's sandbox CLI has no templates: import the template's layer (ImportTar)", sandboxcli.ErrBadInput)
 		}
 		args = append(args, "--template", opts.Template)
 	}
@@ -231,14 +231,14 @@ func (l *Launcher) BareImports() bool { return l.google }
 func checkBareTar(file string) error {
 	f, err := os.Open(file)
 	if err != nil {
-		return fmt.Errorf("%w: the layer to import: %v", localbox.ErrBadInput, err)
+		return fmt.Errorf("%w: the layer to import: %v", sandboxcli.ErrBadInput, err)
 	}
 	defer f.Close()
 	head := make([]byte, 4)
 	n, _ := io.ReadFull(f, head)
 	for _, magic := range [][]byte{{0x28, 0xb5, 0x2f, 0xfd}, {0x1f, 0x8b}} {
 		if bytes.HasPrefix(head[:n], magic) {
-			return fmt.Errorf("%w: %s is compressed; Google's sandbox CLI is given bare tars only: decompress it first (snapshot.Decompress)", localbox.ErrBadInput, file)
+			return fmt.Errorf("%w: %s is compressed; Google's sandbox CLI is given bare tars only: decompress it first (snapshot.Decompress)", sandboxcli.ErrBadInput, file)
 		}
 	}
 	return nil
@@ -326,7 +326,7 @@ func (f *layerFile) Close() error {
 
 // Fork starts sandbox dst, detached, from a copy of src's writable layer.
 func (l *Launcher) Fork(ctx context.Context, src, dst string) error {
-	if err := localbox.CheckID(dst); err != nil {
+	if err := sandboxcli.CheckID(dst); err != nil {
 		return err
 	}
 	return l.do(ctx, "fork", src, dst, "--detach")
@@ -340,7 +340,7 @@ func (l *Launcher) Templates() bool { return !l.google }
 // name of `sandgate sandbox`.
 func (l *Launcher) ImportTemplate(ctx context.Context, name, file string) error {
 	if l.google {
-		return fmt.Errorf("%w: Google's sandbox CLI has no templates", localbox.ErrBadInput)
+		return fmt.Errorf("%w: Google's sandbox CLI has no templates", sandboxcli.ErrBadInput)
 	}
 	return l.do(ctx, "template", "import", name, "--file="+file)
 }
@@ -369,7 +369,7 @@ func (l *Launcher) ListTemplates(ctx context.Context) ([]string, error) {
 // List lists the sandboxes the CLI knows, with their state, for a service
 // that restarts to find what it left (`sandgate sandbox list --json`).
 // Google's CLI keeps no sandbox beyond its instance: nil there.
-func (l *Launcher) List(ctx context.Context) ([]localbox.Info, error) {
+func (l *Launcher) List(ctx context.Context) ([]sandboxcli.Info, error) {
 	if l.google {
 		return nil, nil
 	}
@@ -377,7 +377,7 @@ func (l *Launcher) List(ctx context.Context) ([]localbox.Info, error) {
 	if err != nil {
 		return nil, err
 	}
-	var infos []localbox.Info
+	var infos []sandboxcli.Info
 	if err := json.Unmarshal(out, &infos); err != nil {
 		return nil, fmt.Errorf("sandbox list --json: %w", err)
 	}
@@ -503,13 +503,13 @@ func (l *Launcher) run(ctx context.Context, stdout *bytes.Buffer, args ...string
 }
 
 // kind is the sentinel a CLI process's exit stands for: the table of
-// `sandgate sandbox` (localbox.ExitCode), nothing for Google's CLI.
+// `sandgate sandbox` (sandboxcli.ExitCode), nothing for Google's CLI.
 func (l *Launcher) kind(err error) error {
 	var ee *exec.ExitError
 	if l.google || !errors.As(err, &ee) {
 		return nil
 	}
-	return localbox.ErrorForExit(ee.ExitCode())
+	return sandboxcli.ErrorForExit(ee.ExitCode())
 }
 
 func (l *Launcher) command(ctx context.Context, args ...string) *exec.Cmd {
@@ -526,17 +526,17 @@ func (l *Launcher) command(ctx context.Context, args ...string) *exec.Cmd {
 var (
 	// ErrBadInput: the caller's mistake (a bad id, mount, size or option);
 	// nothing was changed.
-	ErrBadInput = localbox.ErrBadInput
+	ErrBadInput = sandboxcli.ErrBadInput
 	// ErrNotFound: no sandbox has that id.
-	ErrNotFound = localbox.ErrNotFound
+	ErrNotFound = sandboxcli.ErrNotFound
 	// ErrExists: create or fork named an id that is already taken.
-	ErrExists = localbox.ErrExists
+	ErrExists = sandboxcli.ErrExists
 	// ErrBusy: the sandbox is being created or deleted by another process.
-	ErrBusy = localbox.ErrBusy
+	ErrBusy = sandboxcli.ErrBusy
 	// ErrNotRunning: the sandbox stopped or crashed (its agent cannot start).
-	ErrNotRunning = localbox.ErrNotRunning
+	ErrNotRunning = sandboxcli.ErrNotRunning
 	// ErrRunning: the sandbox still runs (a delete without force).
-	ErrRunning = localbox.ErrRunning
+	ErrRunning = sandboxcli.ErrRunning
 )
 
 // CLIError is a sandbox CLI verb that failed, with what the CLI said.

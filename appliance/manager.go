@@ -14,7 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sandgate/sandgate/appliance/agent"
-	"github.com/sandgate/sandgate/appliance/localbox"
+	"github.com/sandgate/sandgate/appliance/sandboxcli"
 	"github.com/sandgate/sandgate/netpolicy"
 	"github.com/sandgate/sandgate/relay"
 	"github.com/sandgate/sandgate/snapshot/store"
@@ -226,7 +226,7 @@ func NewManager(ctx context.Context, cfg ManagerConfig) (*Manager, error) {
 		cfg.Launcher.cfg.Pids = DefaultPidsLimit
 	}
 	if cfg.MaxRunning <= 0 {
-		limit, _ := localbox.ParseSize(cfg.Launcher.cfg.Memory)
+		limit, _ := sandboxcli.ParseSize(cfg.Launcher.cfg.Memory)
 		cfg.MaxRunning = DefaultMaxRunning(limit)
 	}
 	if cfg.IdleSuspend == 0 {
@@ -265,7 +265,7 @@ func (m *Manager) Namespace() string { return m.ns }
 // acquire takes the id's lock, waiting under ctx. The returned box's
 // fields are the caller's until release.
 func (m *Manager) acquire(ctx context.Context, id string) (*box, func(), error) {
-	if err := localbox.CheckID(id); err != nil {
+	if err := sandboxcli.CheckID(id); err != nil {
 		return nil, nil, err
 	}
 	m.mu.Lock()
@@ -651,7 +651,7 @@ func (m *Manager) Fork(ctx context.Context, src, dst string, opts ForkOptions) (
 // Get describes sandbox id; an id neither running nor suspended is
 // ErrNotFound.
 func (m *Manager) Get(ctx context.Context, id string) (Info, error) {
-	if err := localbox.CheckID(id); err != nil {
+	if err := sandboxcli.CheckID(id); err != nil {
 		return Info{}, err
 	}
 	m.mu.Lock()
@@ -742,7 +742,7 @@ func (m *Manager) Capacity(ctx context.Context) (Capacity, error) {
 		return Capacity{}, err
 	}
 	c := Capacity{MaxRunning: m.cfg.MaxRunning}
-	limit, _ := localbox.ParseSize(m.l.cfg.Memory)
+	limit, _ := sandboxcli.ParseSize(m.l.cfg.Memory)
 	for _, in := range infos {
 		if in.State == Suspended {
 			c.Suspended++

@@ -10,7 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/sandgate/sandgate/appliance/localbox"
+	"github.com/sandgate/sandgate/appliance/sandboxcli"
 )
 
 // metrics are the lifecycle's Prometheus metrics.
@@ -80,7 +80,7 @@ func (l *Launcher) UpperSize(id string) int64 {
 	}
 	state := l.cfg.StateDir
 	if state == "" {
-		state = localbox.DefaultStateDir
+		state = sandboxcli.DefaultStateDir
 	}
 	var n int64
 	filepath.WalkDir(filepath.Join(state, id, "upper"), func(_ string, d fs.DirEntry, err error) error {

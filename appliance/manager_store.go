@@ -16,7 +16,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/sandgate/sandgate/appliance/localbox"
+	"github.com/sandgate/sandgate/appliance/sandboxcli"
 	"github.com/sandgate/sandgate/snapshot"
 	"github.com/sandgate/sandgate/snapshot/store"
 )
@@ -458,7 +458,7 @@ func (m *Manager) suspendedIDs(ctx context.Context) ([]string, error) {
 		if !ok {
 			id, ok = strings.CutSuffix(rest, ".tar.gz") // the reference service's
 		}
-		if ok && !strings.Contains(id, "/") && localbox.CheckID(id) == nil && !seen[id] {
+		if ok && !strings.Contains(id, "/") && sandboxcli.CheckID(id) == nil && !seen[id] {
 			seen[id] = true
 			ids = append(ids, id)
 		}

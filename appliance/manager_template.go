@@ -9,14 +9,14 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sandgate/sandgate/appliance/localbox"
+	"github.com/sandgate/sandgate/appliance/sandboxcli"
 	"github.com/sandgate/sandgate/snapshot"
 	"github.com/sandgate/sandgate/snapshot/store"
 )
 
 // CheckTemplateName reports whether name can name a template (the rule of
 // sandbox ids).
-func CheckTemplateName(name string) error { return localbox.CheckTemplateName(name) }
+func CheckTemplateName(name string) error { return sandboxcli.CheckTemplateName(name) }
 
 // SaveTemplate saves running sandbox id's files as template name in this
 // service's namespace, replacing a template of that name; the sandbox

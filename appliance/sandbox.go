@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/sandgate/sandgate/appliance/agent"
-	"github.com/sandgate/sandgate/appliance/localbox"
+	"github.com/sandgate/sandgate/appliance/sandboxcli"
 	"github.com/sandgate/sandgate/netpolicy"
 	"github.com/sandgate/sandgate/relay"
 	"github.com/sandgate/sandgate/transforms"
@@ -100,7 +100,7 @@ func Attach(ctx context.Context, l *Launcher, proxy *relay.Proxy, id string, opt
 }
 
 func start(ctx context.Context, l *Launcher, proxy *relay.Proxy, id string, opts Options, launch func() error) (*Sandbox, error) {
-	if err := localbox.CheckID(id); err != nil { // the id rule both CLIs share
+	if err := sandboxcli.CheckID(id); err != nil { // the id rule both CLIs share
 		return nil, err
 	}
 	s := &Sandbox{id: id, l: l, proxy: proxy, opts: opts, log: l.log.With("sandbox", id), ready: make(chan struct{})}

@@ -1,63 +1,34 @@
 package localbox
 
 import (
+	"github.com/sandgate/sandgate/appliance/sandboxcli"
+
 	"cmp"
-	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path"
 	"path/filepath"
-	"regexp"
 	"strconv"
 	"strings"
 	"time"
 )
 
-// Errors callers branch on with errors.Is (appliance names the same
-// values). ErrNotFound also matches fs.ErrNotExist and ErrExists
-// fs.ErrExist, the categories every layer of sandgate relates its own
-// "not found" and "already exists" to (store objects, files in a sandbox).
+// Errors callers branch on with errors.Is: the sandbox CLI's contract
+// (see sandboxcli), named here too.
 var (
-	// ErrBadInput marks a caller's mistake (a bad id, mount, size or
-	// option); nothing was changed.
-	ErrBadInput = errors.New("bad input")
-	// ErrNotFound: no sandbox has that id in the state directory.
-	ErrNotFound error = &kindError{"no such sandbox", fs.ErrNotExist}
-	// ErrExists: run or fork named an id that is already taken.
-	ErrExists error = &kindError{"sandbox already exists", fs.ErrExist}
-	// ErrNotRunning: exec into a sandbox whose init is gone (stopped or
-	// crashed).
-	ErrNotRunning = errors.New("sandbox is not running")
-	// ErrRunning: delete without force of a sandbox that still runs.
-	ErrRunning = errors.New("sandbox is running")
-	// ErrBusy: another sandgate process is creating or deleting the sandbox.
-	ErrBusy = errors.New("sandbox is busy")
+	ErrBadInput   = sandboxcli.ErrBadInput
+	ErrNotFound   = sandboxcli.ErrNotFound
+	ErrExists     = sandboxcli.ErrExists
+	ErrNotRunning = sandboxcli.ErrNotRunning
+	ErrRunning    = sandboxcli.ErrRunning
+	ErrBusy       = sandboxcli.ErrBusy
 )
 
-// kindError is a sentinel that also matches a standard category.
-type kindError struct {
-	msg  string
-	kind error
-}
+// MaxIDLength bounds ids (sandboxcli.MaxIDLength).
+const MaxIDLength = sandboxcli.MaxIDLength
 
-func (e *kindError) Error() string        { return e.msg }
-func (e *kindError) Is(target error) bool { return target == e.kind }
-
-// MaxIDLength bounds ids: an id becomes the sandbox's host name, which the
-// kernel limits to 64 bytes.
-const MaxIDLength = 63
-
-var idPattern = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9-]*$`)
-
-// CheckID reports whether id is a valid sandbox id: it must match
-// ^[a-zA-Z0-9][a-zA-Z0-9-]*$ (Cloud Run's rule) and be at most 63 bytes.
-func CheckID(id string) error {
-	if !idPattern.MatchString(id) || len(id) > MaxIDLength {
-		return fmt.Errorf("%w: sandbox id %q must match ^[a-zA-Z0-9][a-zA-Z0-9-]*$ and be at most %d characters", ErrBadInput, id, MaxIDLength)
-	}
-	return nil
-}
+// CheckID reports whether id is a valid sandbox id (sandboxcli.CheckID).
+func CheckID(id string) error { return sandboxcli.CheckID(id) }
 
 // Mount is a bind mount of a host path into the sandbox.
 type Mount struct {
@@ -120,33 +91,8 @@ func (m Mount) check() error {
 	return nil
 }
 
-// ParseSize parses a byte count: a plain number of bytes or one with a
-// suffix k, m, g, t (powers of 1024; "KiB", "MB", "G" all accepted).
-func ParseSize(s string) (int64, error) {
-	t := strings.ToLower(strings.TrimSpace(s))
-	t = strings.TrimSuffix(strings.TrimSuffix(t, "b"), "i")
-	mult := int64(1)
-	if n := len(t); n > 0 {
-		switch t[n-1] {
-		case 'k':
-			mult = 1 << 10
-		case 'm':
-			mult = 1 << 20
-		case 'g':
-			mult = 1 << 30
-		case 't':
-			mult = 1 << 40
-		}
-		if mult > 1 {
-			t = t[:n-1]
-		}
-	}
-	v, err := strconv.ParseInt(t, 10, 64)
-	if err != nil || v <= 0 || v > (1<<62)/mult {
-		return 0, fmt.Errorf("%w: size %q: want a positive number of bytes, optionally with k, m, g or t", ErrBadInput, s)
-	}
-	return v * mult, nil
-}
+// ParseSize parses a byte count (sandboxcli.ParseSize).
+func ParseSize(s string) (int64, error) { return sandboxcli.ParseSize(s) }
 
 // Config is what a sandbox is made of. It is saved as config.json when the
 // sandbox is created, so that fork can make another one like it.

@@ -1,6 +1,8 @@
 package localbox
 
 import (
+	"github.com/sandgate/sandgate/appliance/sandboxcli"
+
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -19,7 +21,7 @@ import (
 
 // DefaultStateDir is where sandboxes live unless told otherwise
 // (--state-dir, SANDGATE_STATE_DIR).
-const DefaultStateDir = "/var/lib/sandgate/sandboxes"
+const DefaultStateDir = sandboxcli.DefaultStateDir
 
 // Files and directories of a sandbox's state directory.
 const (
@@ -35,38 +37,19 @@ const (
 	rootDir     = "root"
 )
 
-// State is what List reports for a sandbox.
-type State string
+// State is what List reports for a sandbox (sandboxcli.State).
+type State = sandboxcli.State
 
 // The states of a sandbox.
 const (
-	// Creating: a run or fork is still setting it up (or a delete is
-	// removing it).
-	Creating State = "creating"
-	// Running: its init is alive; exec works.
-	Running State = "running"
-	// Stopped: run's command exited, and with it every process; the
-	// upper is still there for tar until delete.
-	Stopped State = "stopped"
-	// Crashed: its init died without stopping cleanly (killed, or the
-	// host went down); delete cleans it.
-	Crashed State = "crashed"
+	Creating = sandboxcli.Creating
+	Running  = sandboxcli.Running
+	Stopped  = sandboxcli.Stopped
+	Crashed  = sandboxcli.Crashed
 )
 
-// Info describes one sandbox.
-type Info struct {
-	ID      string    `json:"id"`
-	State   State     `json:"state"`
-	Pid     int       `json:"pid,omitempty"` // host pid of its init while running
-	Created time.Time `json:"created"`
-	// ExitCode is run's command's exit code once Stopped (128+signal for a
-	// signal).
-	ExitCode *int `json:"exitCode,omitempty"`
-	// UserNS: it runs in a user namespace, its root being host id IDBase
-	// (see userns.go). False for a sandbox that has not started.
-	UserNS bool `json:"userns"`
-	IDBase int  `json:"idBase,omitempty"`
-}
+// Info describes one sandbox (sandboxcli.Info).
+type Info = sandboxcli.Info
 
 // runState is state.json: written by the creating process once the init
 // is up.

@@ -1,6 +1,8 @@
 package localbox
 
 import (
+	"github.com/sandgate/sandgate/appliance/sandboxcli"
+
 	"context"
 	"errors"
 	"fmt"
@@ -39,14 +41,9 @@ import (
 // the layer.
 const templatesDir = ".templates"
 
-// CheckTemplateName reports whether name can name a template: the rule of
-// sandbox ids.
-func CheckTemplateName(name string) error {
-	if !idPattern.MatchString(name) || len(name) > MaxIDLength {
-		return fmt.Errorf("%w: template name %q must match ^[a-zA-Z0-9][a-zA-Z0-9-]*$ and be at most %d characters", ErrBadInput, name, MaxIDLength)
-	}
-	return nil
-}
+// CheckTemplateName reports whether name can name a template
+// (sandboxcli.CheckTemplateName).
+func CheckTemplateName(name string) error { return sandboxcli.CheckTemplateName(name) }
 
 func (m *Runtime) templateArea() string          { return filepath.Join(m.dir, templatesDir) }
 func (m *Runtime) templateImage(n string) string { return filepath.Join(m.templateArea(), n+".img") }
