@@ -363,6 +363,13 @@ func FuzzJSONBody(f *testing.F) {
 			wantStatus(t, err, http.StatusBadRequest, "a network field of the wrong type")
 			return
 		}
+		for _, v := range urls {
+			// A base URL carrying credentials cannot be honoured: refused.
+			if u, perr := url.Parse(v); perr == nil && (u.Scheme == "http" || u.Scheme == "https") && u.User != nil {
+				wantStatus(t, err, http.StatusBadRequest, "a base URL with credentials")
+				return
+			}
+		}
 		if err != nil {
 			t.Fatalf("network() refused %q: %v", body, err)
 		}
