@@ -46,8 +46,8 @@ func TestPolicyCheck(t *testing.T) {
 		{[]string{"api.example.com", "--dns", d.Addr, "--allow", "api.example.com"}, 0, "allow: "},
 		{[]string{"--dns", d.Addr, "--allow", "api.example.com", "api.example.com:22"}, 3, "deny: port 22 is not allowed: HTTPS (443) only\n"},
 		{[]string{"--dns", d.Addr, "other.example.com"}, 3, "deny: no allowedHosts rule matches other.example.com\n"},
-		{[]string{"--dns", d.Addr, "--policy", pol, "private.example.com"}, 3, "deny: private.example.com resolves only to private addresses (10.0.0.5)\n"},
-		{[]string{"--dns", d.Addr, "2130706433"}, 3, "deny: 127.0.0.1 is a loopback address\n"},
+		{[]string{"--dns", d.Addr, "--policy", pol, "private.example.com"}, 3, "deny: 10.0.0.5 is not reachable from the sandbox: private.example.com resolves only to private addresses\n"},
+		{[]string{"--dns", d.Addr, "2130706433"}, 3, "deny: 127.0.0.1 is not reachable from the sandbox (a loopback address)\n"},
 		// A failed lookup is not a refusal: it used to print "deny:" and exit 3.
 		{[]string{"--dns", d.Addr, "--allow", "nx.example.com", "nx.example.com"}, 4, "allow by rule, but lookup failed: lookup nx.example.com: no such host (nx.example.com matched allowed host rule nx.example.com)\n"},
 		{[]string{"--dns", d.Addr, "--allow", "*.example.com", "servfail.example.com"}, 4, "allow by rule, but lookup failed: lookup servfail.example.com: "},
