@@ -71,8 +71,20 @@ type Sandbox struct {
 	Ports      []int             `json:"ports,omitempty"` // ports with a tunnel or bridge open now
 	Policy     any               `json:"policy,omitempty"`
 	BaseURLs   map[string]string `json:"baseUrls,omitempty"`
-	Home       string            `json:"home"`
-	WorkDir    string            `json:"workingDirectory"`
+	// Modules are its own WebAssembly transform modules, as loaded (never
+	// their bytes).
+	Modules []Module `json:"modules,omitempty"`
+	Home    string   `json:"home"`
+	WorkDir string   `json:"workingDirectory"`
+}
+
+// Module describes one of a sandbox's own WebAssembly modules: its name,
+// the sha256 of its bytes, and their size (0 when not known: a suspended
+// sandbox's).
+type Module struct {
+	Name   string `json:"name"`
+	Digest string `json:"digest"`
+	Bytes  int    `json:"bytes,omitempty"`
 }
 
 // ForkResult is what POST /v1/sandboxes/{name}/fork answers: the copy,

@@ -17,6 +17,7 @@ import (
 	"github.com/sandgate/sandgate/appliance/sandboxcli"
 	"github.com/sandgate/sandgate/netpolicy"
 	"github.com/sandgate/sandgate/relay"
+	"github.com/sandgate/sandgate/relay/audit"
 	"github.com/sandgate/sandgate/snapshot/store"
 	"github.com/sandgate/sandgate/transforms"
 	"github.com/sandgate/sandgate/transforms/wasm"
@@ -72,6 +73,25 @@ type ManagerConfig struct {
 	// Agent is the agent configuration every sandbox starts with, unless
 	// its options give one.
 	Agent agent.Config
+	// AllowedHosts are host rules every sandbox's policy has (protocol 1's
+	// SANDBOX_ALLOWED_HOSTS; "*" is allow-all), BaseURLs base URL
+	// variables every sandbox gets (SANDBOX_BASE_URLS; a sandbox's own
+	// overlay them; nil means agent.DefaultBaseURLs, an empty map none).
+	// See NetworkSpec.
+	AllowedHosts []string
+	BaseURLs     map[string]string
+	// OutputBytes is how much of each command's output is kept for
+	// streams that start late or resume (Exec); 0 means
+	// DefaultOutputBytes. ProcessRetention is how long a command is known
+	// after it exits; 0 means DefaultProcessRetention.
+	OutputBytes      int
+	ProcessRetention time.Duration
+	// Modules compiles sandboxes' own WebAssembly transform modules
+	// (SetModules); nil means the service runs none.
+	Modules *wasm.Runtime
+	// Audit keeps each sandbox's egress decisions (the proxy records them
+	// there); nil means none are kept.
+	Audit *audit.Rings
 	// Logger receives one event per operation; nil discards.
 	Logger *slog.Logger
 	// Metrics, when set, registers the lifecycle's metrics.
@@ -86,6 +106,9 @@ const (
 	// without (LauncherConfig's zero means no limit).
 	DefaultMemoryLimit = "2g"
 	DefaultPidsLimit   = 4096
+	// DefaultOutputBytes and DefaultProcessRetention: see ManagerConfig.
+	DefaultOutputBytes      = 8 << 20
+	DefaultProcessRetention = 10 * time.Minute
 )
 
 // DefaultMaxRunning is how many sandboxes fit this host: its memory over
@@ -98,21 +121,16 @@ func DefaultMaxRunning(memoryLimit int64) int {
 	return max(1, int(total*9/10/memoryLimit))
 }
 
-// Network is where a sandbox may go: its egress policy and the base URLs
-// its commands are given (variable name → upstream URL).
-type Network struct {
-	Policy   netpolicy.Policy
-	BaseURLs map[string]string
-}
-
 // CreateOptions are what Create starts a sandbox with.
 type CreateOptions struct {
-	Network
-	// Transforms are its transformation rules (credentials: in memory
-	// only, never saved); nil means none.
-	Transforms *transforms.RuleSet
-	// Modules are its own WebAssembly transform modules; nil means none.
-	Modules *wasm.Chain
+	// Network is where it may go (see NetworkSpec).
+	Network NetworkSpec
+	// Rules are its credential rules: kept in memory only, never saved,
+	// dropped the moment it stops running; nil means none.
+	Rules []transforms.Rule
+	// Modules are its own WebAssembly transform modules (SetModules);
+	// nil means none.
+	Modules []ModuleSource
 	// Template names a template (SaveTemplate) to start from; "" means
 	// the image alone.
 	Template string
@@ -124,15 +142,13 @@ type CreateOptions struct {
 }
 
 // ResumeOptions are what Resume gives a sandbox: a running one gets its
-// network replaced (processes and transformations kept); a suspended one
-// starts with it and with the transformations given (they were forgotten
-// at suspend).
+// network replaced (processes and credential rules kept); a suspended one
+// starts with it and with the rules given (they were dropped at suspend).
 type ResumeOptions struct {
-	Network
-	Transforms *transforms.RuleSet
-	Modules    *wasm.Chain
-	Agent      *agent.Config
-	Dirs       []string
+	Network NetworkSpec
+	Rules   []transforms.Rule
+	Agent   *agent.Config
+	Dirs    []string
 }
 
 // Info describes a sandbox.
@@ -154,6 +170,10 @@ type Info struct {
 	// keeps none).
 	Policy   *netpolicy.Policy `json:"policy,omitempty"`
 	BaseURLs map[string]string `json:"baseUrls,omitempty"`
+	// Modules are its own WebAssembly modules (running or suspended);
+	// OpenPorts the ports with a connection open now (running ones).
+	Modules   []ModuleInfo `json:"modules,omitempty"`
+	OpenPorts []int        `json:"openPorts,omitempty"`
 }
 
 // Manager owns every sandbox of a service: it creates, resumes, suspends,
@@ -200,7 +220,9 @@ type box struct {
 	created  time.Time
 	template string // template name, "" for none
 	base     *record
-	network  Network
+	spec     NetworkSpec // what the caller said (running sandboxes)
+	network  Network     // what applies: derived from spec and the rules
+	modules  []ModuleSource
 }
 
 func (b *box) getState() State {
@@ -234,6 +256,21 @@ func NewManager(ctx context.Context, cfg ManagerConfig) (*Manager, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.BaseURLs == nil {
+		cfg.BaseURLs = agent.DefaultBaseURLs()
+	}
+	if _, err := parseHosts(cfg.AllowedHosts); err != nil {
+		return nil, fmt.Errorf("the service's allowed hosts (SANDBOX_ALLOWED_HOSTS): %w", err)
+	}
+	if err := (NetworkSpec{BaseURLs: cfg.BaseURLs}).check(); err != nil {
+		return nil, fmt.Errorf("the service's base URLs (SANDBOX_BASE_URLS): %w", err)
+	}
+	if cfg.OutputBytes <= 0 {
+		cfg.OutputBytes = DefaultOutputBytes
+	}
+	if cfg.ProcessRetention <= 0 {
+		cfg.ProcessRetention = DefaultProcessRetention
 	}
 	work := cfg.WorkDir
 	if work == "" {
@@ -365,6 +402,13 @@ func (m *Manager) Create(ctx context.Context, id string, opts CreateOptions) (sb
 	} else if !errors.Is(err, store.ErrNotFound) {
 		return nil, err
 	}
+	if err := opts.Network.check(); err != nil {
+		return nil, err
+	}
+	network, err := m.effectiveNetwork(opts.Network, opts.Rules)
+	if err != nil {
+		return nil, err
+	}
 	var base *record
 	if opts.Template != "" {
 		if base, err = m.templateRecord(ctx, opts.Template); err != nil {
@@ -374,9 +418,10 @@ func (m *Manager) Create(ctx context.Context, id string, opts CreateOptions) (sb
 	if err := m.reserve(); err != nil {
 		return nil, err
 	}
-	b.created, b.template, b.network = time.Now().UTC(), opts.Template, opts.Network
+	b.created, b.template, b.spec, b.network = time.Now().UTC(), opts.Template, opts.Network, network
+	b.modules = cloneSources(opts.Modules)
 	m.setBase(b, base)
-	sb, err = m.start(ctx, b, nil, startOptions{Transforms: opts.Transforms, Modules: opts.Modules, Agent: opts.Agent, Dirs: opts.Dirs})
+	sb, err = m.start(ctx, b, nil, startOptions{Rules: opts.Rules, Agent: opts.Agent, Dirs: opts.Dirs})
 	if err != nil {
 		m.setBase(b, nil)
 		m.unreserve()
@@ -401,10 +446,21 @@ func (m *Manager) Resume(ctx context.Context, id string, opts ResumeOptions) (sb
 		return nil, err
 	}
 	defer release()
+	if err := opts.Network.check(); err != nil {
+		return nil, err
+	}
 	if live := b.live.Load(); live != nil {
-		b.network = opts.Network
-		live.setNetwork(opts.Network)
+		network, err := m.effectiveNetwork(opts.Network, live.relay.Transforms().Rules())
+		if err != nil {
+			return nil, err
+		}
+		b.spec, b.network = opts.Network, network
+		live.setNetwork(network)
 		return live, nil
+	}
+	network, err := m.effectiveNetwork(opts.Network, opts.Rules)
+	if err != nil {
+		return nil, err
 	}
 	rec, err := m.suspended(ctx, id)
 	if errors.Is(err, store.ErrNotFound) {
@@ -417,9 +473,14 @@ func (m *Manager) Resume(ctx context.Context, id string, opts ResumeOptions) (sb
 	if err := m.reserve(); err != nil {
 		return nil, err
 	}
-	b.created, b.template, b.network = rec.Created, rec.Template, opts.Network
+	mods, err := m.fetchModules(ctx, rec.Modules)
+	if err != nil {
+		m.unreserve()
+		return nil, err
+	}
+	b.created, b.template, b.spec, b.network, b.modules = rec.Created, rec.Template, opts.Network, network, mods
 	m.setBase(b, rec.baseRecord())
-	sb, err = m.start(ctx, b, rec, startOptions{Transforms: opts.Transforms, Modules: opts.Modules, Agent: opts.Agent, Dirs: opts.Dirs})
+	sb, err = m.start(ctx, b, rec, startOptions{Rules: opts.Rules, Agent: opts.Agent, Dirs: opts.Dirs})
 	if err != nil {
 		m.setBase(b, nil)
 		m.unreserve()
@@ -440,8 +501,12 @@ func (m *Manager) Resume(ctx context.Context, id string, opts ResumeOptions) (sb
 
 // SetNetwork replaces running sandbox id's network: every new connection
 // is judged by the new policy at once, and new commands get the new base
-// URLs.
-func (m *Manager) SetNetwork(ctx context.Context, id string, n Network) error {
+// URLs. A spec without BaseURLs (nil) keeps the sandbox's (protocol 1's
+// network route replaces only the allowed hosts).
+func (m *Manager) SetNetwork(ctx context.Context, id string, spec NetworkSpec) error {
+	if err := spec.check(); err != nil {
+		return err
+	}
 	b, release, err := m.acquire(ctx, id)
 	if err != nil {
 		return err
@@ -451,6 +516,42 @@ func (m *Manager) SetNetwork(ctx context.Context, id string, n Network) error {
 	if sb == nil {
 		return fmt.Errorf("%w: sandbox %q is not running", ErrNotRunning, id)
 	}
+	if spec.BaseURLs == nil {
+		spec.BaseURLs = b.spec.BaseURLs
+	}
+	n, err := m.effectiveNetwork(spec, sb.relay.Transforms().Rules())
+	if err != nil {
+		return err
+	}
+	b.spec, b.network = spec, n
+	sb.setNetwork(n)
+	return nil
+}
+
+// SetRules replaces running sandbox id's credential rules, or adds rules
+// after them: the proxy applies them from the next request on, the hosts
+// they target become reachable by its routes, and the credential guard
+// searches what goes into the sandbox for their secrets. They are held in
+// memory only and dropped the moment the sandbox stops running.
+func (m *Manager) SetRules(ctx context.Context, id string, rules []transforms.Rule, add bool) error {
+	b, release, err := m.acquire(ctx, id)
+	if err != nil {
+		return err
+	}
+	defer release()
+	sb := b.live.Load()
+	if sb == nil {
+		return fmt.Errorf("%w: sandbox %q is not running", ErrNotRunning, id)
+	}
+	all := rules
+	if add {
+		all = append(sb.relay.Transforms().Rules(), rules...)
+	}
+	n, err := m.effectiveNetwork(b.spec, all)
+	if err != nil {
+		return err
+	}
+	sb.relay.Transforms().Set(all...)
 	b.network = n
 	sb.setNetwork(n)
 	return nil
@@ -546,10 +647,12 @@ func (m *Manager) Destroy(ctx context.Context, id string) (err error) {
 	rec, err := m.suspended(ctx, id)
 	switch {
 	case errors.Is(err, store.ErrNotFound):
+		m.forgetAudit(id)
 		return nil
 	case err != nil:
 		return err
 	}
+	m.forgetAudit(id)
 	if !rec.legacy {
 		if err := m.deleteRecord(ctx, snapshotRecordKey(id), rec); err != nil {
 			return err
@@ -566,10 +669,9 @@ func (m *Manager) Destroy(ctx context.Context, id string) (err error) {
 // the source's (a running source's network; a suspended one keeps none,
 // so deny-all).
 type ForkOptions struct {
-	Network    *Network
-	Transforms *transforms.RuleSet
-	Modules    *wasm.Chain
-	Agent      *agent.Config
+	Network *NetworkSpec
+	Rules   []transforms.Rule
+	Agent   *agent.Config
 }
 
 // Fork makes sandbox dst a copy of src. A running src is copied by the
@@ -610,9 +712,16 @@ func (m *Manager) Fork(ctx context.Context, src, dst string, opts ForkOptions) (
 		return "", err
 	}
 	if live := sb.live.Load(); live != nil {
-		network := sb.network
+		spec := sb.spec // the source box's
 		if opts.Network != nil {
-			network = *opts.Network
+			spec = *opts.Network
+		}
+		if err := spec.check(); err != nil {
+			return "", err
+		}
+		network, err := m.effectiveNetwork(spec, opts.Rules)
+		if err != nil {
+			return "", err
 		}
 		if err := m.reserve(); err != nil {
 			return "", err
@@ -621,9 +730,9 @@ func (m *Manager) Fork(ctx context.Context, src, dst string, opts ForkOptions) (
 			m.unreserve()
 			return "", err
 		}
-		db.created, db.template, db.network = time.Now().UTC(), sb.template, network
+		db.created, db.template, db.spec, db.network, db.modules = time.Now().UTC(), sb.template, spec, network, cloneSources(sb.modules)
 		m.setBase(db, sb.base)
-		if _, err := m.attach(ctx, db, startOptions{Transforms: opts.Transforms, Modules: opts.Modules, Agent: opts.Agent}); err != nil {
+		if _, err := m.attach(ctx, db, startOptions{Rules: opts.Rules, Agent: opts.Agent}); err != nil {
 			m.setBase(db, nil)
 			m.unreserve()
 			return "", err
@@ -718,6 +827,8 @@ func (m *Manager) liveInfo(b *box) Info {
 		pol := sb.relay.Policy()
 		inf.Policy = &pol
 		inf.BaseURLs = b.network.BaseURLs
+		inf.Modules = moduleInfos(b.modules)
+		inf.OpenPorts = sb.OpenPorts()
 		inf.LastActive = time.Now().Add(-sb.Idle(time.Now())).UTC()
 		inf.LayerBytes = m.l.UpperSize(b.id)
 	}

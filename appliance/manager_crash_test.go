@@ -176,7 +176,7 @@ func TestKilledDuringSaveRecovers(t *testing.T) {
 	if err != nil || in.State != Suspended {
 		t.Fatalf("after recovery: %+v %v", in, err)
 	}
-	if _, err := r.m.Resume(r.ctx(), "crash", ResumeOptions{Network: Network{Policy: r.pol}}); err != nil {
+	if _, err := r.m.Resume(r.ctx(), "crash", ResumeOptions{Network: NetworkSpec{Policy: ptr(r.pol)}}); err != nil {
 		t.Fatal(err)
 	}
 	if code, out := r.sh("crash", "cat /root/v1 /root/v2"); code != 0 || out != "one\ntwo\n" {

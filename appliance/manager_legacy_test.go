@@ -59,10 +59,10 @@ func TestLegacySnapshotAdopted(t *testing.T) {
 			if err != nil || len(infos) != 1 || infos[0].ID != "ref" || infos[0].State != Suspended {
 				t.Errorf("List: %+v, %v", infos, err)
 			}
-			if _, err := r.m.Create(r.ctx(), "ref", CreateOptions{Network: Network{Policy: r.pol}}); !errors.Is(err, ErrExists) {
+			if _, err := r.m.Create(r.ctx(), "ref", CreateOptions{Network: NetworkSpec{Policy: ptr(r.pol)}}); !errors.Is(err, ErrExists) {
 				t.Errorf("create while the reference's object exists: %v, want ErrExists (409)", err)
 			}
-			if _, err := r.m.Resume(r.ctx(), "ref", ResumeOptions{Network: Network{Policy: r.pol}}); err != nil {
+			if _, err := r.m.Resume(r.ctx(), "ref", ResumeOptions{Network: NetworkSpec{Policy: ptr(r.pol)}}); err != nil {
 				t.Fatalf("resume: %v", err)
 			}
 			if _, out := r.sh("ref", "cat /workspace/f"); out != "from-the-reference\n" {
@@ -81,7 +81,7 @@ func TestLegacySnapshotAdopted(t *testing.T) {
 			if !objectExists(snapshotRecordKey("ref")) {
 				t.Error("no record of sandgate's after the save")
 			}
-			if _, err := r.m.Resume(r.ctx(), "ref", ResumeOptions{Network: Network{Policy: r.pol}}); err != nil {
+			if _, err := r.m.Resume(r.ctx(), "ref", ResumeOptions{Network: NetworkSpec{Policy: ptr(r.pol)}}); err != nil {
 				t.Fatal(err)
 			}
 			if _, out := r.sh("ref", "cat /workspace/f"); out != "from-the-reference\nchanged\n" {

@@ -20,6 +20,7 @@ type metrics struct {
 	states    *prometheus.GaugeVec // starting, suspending
 	running   prometheus.Gauge
 	suspended prometheus.Gauge
+	execs     prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -45,9 +46,13 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "sandgate_sandboxes_suspended",
 			Help: "Sandboxes suspended in the store.",
 		}),
+		execs: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sandgate_exec_processes_total",
+			Help: "Commands started by exec.",
+		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.ops, m.durations, m.states, m.running, m.suspended)
+		reg.MustRegister(m.ops, m.durations, m.states, m.running, m.suspended, m.execs)
 	}
 	return m
 }

@@ -13,13 +13,11 @@ import (
 
 	"github.com/sandgate/sandgate/appliance/agent"
 	"github.com/sandgate/sandgate/transforms"
-	"github.com/sandgate/sandgate/transforms/wasm"
 )
 
 // startOptions are what every way of starting a sandbox takes.
 type startOptions struct {
-	Transforms *transforms.RuleSet
-	Modules    *wasm.Chain
+	Rules []transforms.Rule
 	Agent      *agent.Config
 	Dirs       []string
 }
@@ -50,7 +48,12 @@ func (m *Manager) start(ctx context.Context, b *box, rec *record, so startOption
 	b.state.Store(Starting)
 	m.met.states.WithLabelValues(string(Starting)).Inc()
 	defer m.met.states.WithLabelValues(string(Starting)).Dec()
-	opts := Options{Policy: b.network.Policy, Transforms: so.Transforms, Modules: so.Modules, Agent: m.agentConfig(b, so)}
+	mods, err := m.loadModules(ctx, b.modules)
+	if err != nil {
+		b.state.Store(State(""))
+		return nil, err
+	}
+	opts := Options{Policy: b.network.Policy, Transforms: transforms.NewRuleSet(so.Rules...), Modules: mods, Agent: m.agentConfig(b, so)}
 	var cleanups []func()
 	defer func() {
 		for _, c := range cleanups {
@@ -59,6 +62,9 @@ func (m *Manager) start(ctx context.Context, b *box, rec *record, so startOption
 	}()
 	fail := func(err error) (*Sandbox, error) {
 		b.state.Store(State(""))
+		if mods != nil {
+			mods.Close(context.WithoutCancel(ctx))
+		}
 		return nil, err
 	}
 	switch {
@@ -112,10 +118,18 @@ func (m *Manager) start(ctx context.Context, b *box, rec *record, so startOption
 // attach takes over a sandbox the launcher already started (a fork).
 func (m *Manager) attach(ctx context.Context, b *box, so startOptions) (*Sandbox, error) {
 	b.state.Store(Starting)
-	opts := Options{Policy: b.network.Policy, Transforms: so.Transforms, Modules: so.Modules, Agent: m.agentConfig(b, so)}
+	mods, err := m.loadModules(ctx, b.modules)
+	if err != nil {
+		b.state.Store(State(""))
+		return nil, err
+	}
+	opts := Options{Policy: b.network.Policy, Transforms: transforms.NewRuleSet(so.Rules...), Modules: mods, Agent: m.agentConfig(b, so)}
 	sb, err := Attach(ctx, m.l, m.proxy, b.id, opts)
 	if err != nil {
 		b.state.Store(State(""))
+		if mods != nil {
+			mods.Close(context.WithoutCancel(ctx))
+		}
 		return nil, err
 	}
 	return m.publish(ctx, b, sb, so)
@@ -145,9 +159,10 @@ func (m *Manager) publish(ctx context.Context, b *box, sb *Sandbox, so startOpti
 // time and the template layer its layer is a delta onto). The sandbox's
 // network and credentials are not in it: they live in memory only.
 type journalEntry struct {
-	Created  time.Time `json:"created"`
-	Template string    `json:"template,omitempty"`
-	Base     *record   `json:"base,omitempty"`
+	Created  time.Time   `json:"created"`
+	Template string      `json:"template,omitempty"`
+	Base     *record     `json:"base,omitempty"`
+	Modules  []moduleRef `json:"modules,omitempty"` // their bytes are in the store
 }
 
 func (m *Manager) journalDir() string { return filepath.Join(m.work, "running") }
@@ -156,7 +171,11 @@ func (m *Manager) journal(b *box) error {
 	if err := os.MkdirAll(m.journalDir(), 0o700); err != nil {
 		return err
 	}
-	data, err := json.Marshal(journalEntry{Created: b.created, Template: b.template, Base: b.base})
+	refs, err := m.saveModules(context.Background(), b.modules)
+	if err != nil {
+		return err
+	}
+	data, err := json.Marshal(journalEntry{Created: b.created, Template: b.template, Base: b.base, Modules: refs})
 	if err != nil {
 		return err
 	}

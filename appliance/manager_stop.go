@@ -14,13 +14,15 @@ import (
 	"github.com/sandgate/sandgate/snapshot/store"
 )
 
-// idleLoop suspends sandboxes idle for cfg.IdleSuspend, until ctx ends.
+// idleLoop suspends sandboxes idle for cfg.IdleSuspend, and forgets
+// commands that exited ProcessRetention ago, until ctx ends.
 func (m *Manager) idleLoop(ctx context.Context) {
 	defer close(m.loopDone)
-	if m.cfg.IdleSuspend < 0 {
-		return
+	every := min(m.cfg.ProcessRetention/4, time.Minute)
+	if m.cfg.IdleSuspend > 0 {
+		every = min(every, max(m.cfg.IdleSuspend/4, 50*time.Millisecond), 30*time.Second)
 	}
-	tick := time.NewTicker(min(max(m.cfg.IdleSuspend/4, 50*time.Millisecond), 30*time.Second))
+	tick := time.NewTicker(every)
 	defer tick.Stop()
 	for {
 		select {
@@ -32,7 +34,12 @@ func (m *Manager) idleLoop(ctx context.Context) {
 		m.mu.Lock()
 		var idle []string
 		for id, b := range m.boxes {
-			if sb := b.live.Load(); sb != nil && sb.Idle(now) >= m.cfg.IdleSuspend {
+			sb := b.live.Load()
+			if sb == nil {
+				continue
+			}
+			sb.forgetProcesses(m.cfg.ProcessRetention)
+			if m.cfg.IdleSuspend > 0 && sb.Idle(now) >= m.cfg.IdleSuspend {
 				idle = append(idle, id)
 			}
 		}
@@ -224,7 +231,7 @@ func (m *Manager) recoverSandbox(ctx context.Context, id string, created time.Ti
 	if j.Created.IsZero() {
 		j.Created = created
 	}
-	if _, err := m.saveSnapshotOf(ctx, id, j.Created, j.Template, j.Base); err != nil {
+	if _, err := m.saveSnapshotOf(ctx, id, j.Created, j.Template, j.Base, j.Modules); err != nil {
 		return err
 	}
 	if err := m.l.Delete(ctx, id); err != nil && !errors.Is(err, ErrNotFound) {

@@ -84,6 +84,9 @@ type record struct {
 	// it, so that a service (or an instance) that dies without saving
 	// loses only what changed since.
 	Spent bool `json:"spent,omitempty"`
+	// Modules are the sandbox's own WebAssembly modules, loaded again
+	// when it resumes.
+	Modules []moduleRef `json:"modules,omitempty"`
 
 	// legacy: not a record in the store but the reference service's
 	// object at legacyKey (Layer), which has no digest to check.
@@ -99,7 +102,11 @@ func (r *record) baseRecord() *record {
 }
 
 func (r *record) info(id string) Info {
-	return Info{ID: id, State: Suspended, Created: r.Created, LayerBytes: r.Size, Template: r.Template}
+	inf := Info{ID: id, State: Suspended, Created: r.Created, LayerBytes: r.Size, Template: r.Template}
+	for _, mr := range r.Modules {
+		inf.Modules = append(inf.Modules, ModuleInfo{Name: mr.Name, Digest: mr.Digest})
+	}
+	return inf
 }
 
 // suspended is the snapshot of sandbox id: its record, or else the
@@ -282,11 +289,15 @@ func (m *Manager) saveLayer(ctx context.Context, layer io.ReadCloser, key, id st
 // saveSnapshot exports a running sandbox's layer, saves it under a new
 // generation and points its record at it.
 func (m *Manager) saveSnapshot(ctx context.Context, b *box) (*record, error) {
-	return m.saveSnapshotOf(ctx, b.id, b.created, b.template, b.base)
+	refs, err := m.saveModules(ctx, b.modules)
+	if err != nil {
+		return nil, err
+	}
+	return m.saveSnapshotOf(ctx, b.id, b.created, b.template, b.base, refs)
 }
 
 // saveSnapshotOf saves sandbox id's layer as its snapshot.
-func (m *Manager) saveSnapshotOf(ctx context.Context, id string, created time.Time, template string, base *record) (*record, error) {
+func (m *Manager) saveSnapshotOf(ctx context.Context, id string, created time.Time, template string, base *record, modules []moduleRef) (*record, error) {
 	layer, err := m.exportLayer(ctx, id)
 	if err != nil {
 		return nil, err
@@ -296,7 +307,7 @@ func (m *Manager) saveSnapshotOf(ctx context.Context, id string, created time.Ti
 	if err != nil {
 		return nil, err
 	}
-	rec := &record{Layer: key, Digest: man.Digest, Size: man.Size, Template: template, Created: created, Saved: time.Now().UTC()}
+	rec := &record{Layer: key, Digest: man.Digest, Size: man.Size, Template: template, Created: created, Saved: time.Now().UTC(), Modules: modules}
 	if base != nil {
 		rec.Base, rec.BaseDigest = base.Layer, base.Digest
 	}

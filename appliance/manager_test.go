@@ -113,11 +113,11 @@ func (r *mrig) ctx() context.Context {
 
 func (r *mrig) create(id string, opts CreateOptions) *Sandbox {
 	r.t.Helper()
-	if opts.Policy.Mode == "" {
-		opts.Policy = r.pol
+	if opts.Network.Policy == nil && opts.Network.AllowedHosts == nil {
+		opts.Network.Policy = ptr(r.pol)
 	}
-	if opts.BaseURLs == nil {
-		opts.BaseURLs = map[string]string{"ANTHROPIC_BASE_URL": "https://api.example.com"}
+	if opts.Network.BaseURLs == nil {
+		opts.Network.BaseURLs = map[string]string{"ANTHROPIC_BASE_URL": "https://api.example.com"}
 	}
 	sb, err := r.m.Create(r.ctx(), id, opts)
 	if err != nil {
@@ -195,7 +195,7 @@ func TestLifecycle(t *testing.T) {
 
 func testLifecycle(t *testing.T, mode cliMode, kind string) {
 	r := newManagerRigOn(t, mode, newStore(t, kind), nil)
-	r.create("life", CreateOptions{Transforms: r.rules(t), Dirs: []string{"/home/agent", "/workspace"}})
+	r.create("life", CreateOptions{Rules: r.rules(t).Rules(), Dirs: []string{"/home/agent", "/workspace"}})
 	if code, out := r.sh("life", "echo kept > /workspace/f; echo tmp > /tmp/t; test -d /home/agent && echo home"); code != 0 || out != "home\n" {
 		t.Fatalf("first command: %d %q", code, out)
 	}
@@ -229,13 +229,13 @@ func testLifecycle(t *testing.T, mode cliMode, kind string) {
 	if err := r.m.Suspend(r.ctx(), "life"); err != nil {
 		t.Errorf("suspend again: %v, want nil (idempotent)", err)
 	}
-	if _, err := r.m.Create(r.ctx(), "life", CreateOptions{Network: Network{Policy: r.pol}}); !errors.Is(err, ErrExists) {
+	if _, err := r.m.Create(r.ctx(), "life", CreateOptions{Network: NetworkSpec{Policy: ptr(r.pol)}}); !errors.Is(err, ErrExists) {
 		t.Errorf("create over a suspended sandbox: %v, want ErrExists", err)
 	}
 	if r.storeHolds(r.canary) {
 		t.Errorf("the canary secret is in the store after suspend")
 	}
-	if _, err := r.m.Resume(r.ctx(), "life", ResumeOptions{Network: Network{Policy: r.pol}}); err != nil {
+	if _, err := r.m.Resume(r.ctx(), "life", ResumeOptions{Network: NetworkSpec{Policy: ptr(r.pol)}}); err != nil {
 		t.Fatal(err)
 	}
 	if code, out := r.sh("life", "cat /workspace/f; test -e /tmp/t || echo no-tmp"); code != 0 || out != "kept\nno-tmp\n" {
@@ -271,7 +271,7 @@ func TestConcurrentCreateOneWins(t *testing.T) {
 	errs := make(chan error, 2)
 	for range 2 {
 		go func() {
-			_, err := r.m.Create(r.ctx(), "twin", CreateOptions{Network: Network{Policy: r.pol}})
+			_, err := r.m.Create(r.ctx(), "twin", CreateOptions{Network: NetworkSpec{Policy: ptr(r.pol)}})
 			errs <- err
 		}()
 	}
@@ -291,11 +291,11 @@ func TestResumeRunningReplacesNetwork(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer p.Kill(context.Background())
-	got, err := r.m.Resume(r.ctx(), "run", ResumeOptions{Network: Network{Policy: allowAll(t)}})
+	got, err := r.m.Resume(r.ctx(), "run", ResumeOptions{Network: NetworkSpec{Policy: ptr(allowAll(t))}})
 	if err != nil || got != sb {
 		t.Fatalf("resume of a running sandbox: %p %v, want the same sandbox", got, err)
 	}
-	if pol := sb.Relay().Policy(); pol.Mode != "allow-all" {
+	if pol := sb.relay.Policy(); pol.Mode != "allow-all" {
 		t.Errorf("policy after resume: %+v, want allow-all", pol)
 	}
 	if code, out := r.sh("run", "pgrep -x sleep >/dev/null && echo alive"); code != 0 || out != "alive\n" {
@@ -360,14 +360,14 @@ func TestStoreFailuresLoseNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	fs.set(false, true)
-	if _, err := r.m.Resume(r.ctx(), "safe", ResumeOptions{Network: Network{Policy: r.pol}}); err == nil {
+	if _, err := r.m.Resume(r.ctx(), "safe", ResumeOptions{Network: NetworkSpec{Policy: ptr(r.pol)}}); err == nil {
 		t.Fatal("resume with a failing store succeeded")
 	}
 	if r.state("safe") != Suspended {
 		t.Fatalf("after a failed restore: state %q, want suspended (the snapshot kept)", r.state("safe"))
 	}
 	fs.set(false, false)
-	if _, err := r.m.Resume(r.ctx(), "safe", ResumeOptions{Network: Network{Policy: r.pol}}); err != nil {
+	if _, err := r.m.Resume(r.ctx(), "safe", ResumeOptions{Network: NetworkSpec{Policy: ptr(r.pol)}}); err != nil {
 		t.Fatal(err)
 	}
 	if _, out := r.sh("safe", "cat /root/f"); out != "precious\n" {
@@ -385,7 +385,7 @@ func TestTemplateSharedAndDeltaSmall(t *testing.T) {
 
 func testTemplateSharedAndDeltaSmall(t *testing.T, mode cliMode) {
 	r := newManagerRigOn(t, mode, newStore(t, "dir"), nil)
-	r.create("builder", CreateOptions{Transforms: r.rules(t)})
+	r.create("builder", CreateOptions{Rules: r.rules(t).Rules()})
 	r.sh("builder", "curl -sS -H 'X-Api-Key: sandgate-placeholder-key' $ANTHROPIC_BASE_URL/v1/y > /root/answer 2>&1")
 	// 8 MiB of incompressible bytes the sandboxes inherit.
 	if code, out := r.sh("builder", "mkdir -p /opt/tool && head -c 8388608 /dev/urandom > /opt/tool/blob && echo v1 > /opt/tool/version"); code != 0 {
@@ -435,7 +435,7 @@ func testTemplateSharedAndDeltaSmall(t *testing.T, mode cliMode) {
 	if _, err := r.m.Create(r.ctx(), "three", CreateOptions{Template: "tool"}); !errors.Is(err, ErrNoTemplate) || !errors.Is(err, ErrNotFound) {
 		t.Errorf("create from a deleted template: %v, want ErrNoTemplate", err)
 	}
-	if _, err := r.m.Resume(r.ctx(), "one", ResumeOptions{Network: Network{Policy: r.pol}}); err != nil {
+	if _, err := r.m.Resume(r.ctx(), "one", ResumeOptions{Network: NetworkSpec{Policy: ptr(r.pol)}}); err != nil {
 		t.Fatal(err)
 	}
 	if code, out := r.sh("one", "cat /opt/tool/version; wc -c < /opt/tool/blob; wc -c < /root/mine"); code != 0 || out != "v1\n8388608\n100000\n" {
@@ -475,7 +475,7 @@ func testFork(t *testing.T, mode cliMode) {
 		if r.state(id) != Suspended {
 			t.Errorf("%s: %q, want suspended", id, r.state(id))
 		}
-		if _, err := r.m.Resume(r.ctx(), id, ResumeOptions{Network: Network{Policy: r.pol}}); err != nil {
+		if _, err := r.m.Resume(r.ctx(), id, ResumeOptions{Network: NetworkSpec{Policy: ptr(r.pol)}}); err != nil {
 			t.Fatal(err)
 		}
 		if _, out := r.sh(id, "cat /root/f"); out != "original\n" {
@@ -580,7 +580,7 @@ func testSaveAll(t *testing.T, mode cliMode) {
 	m2 := r.open()
 	for i := range 3 {
 		id := fmt.Sprintf("s%d", i)
-		if _, err := m2.Resume(r.ctx(), id, ResumeOptions{Network: Network{Policy: r.pol}}); err != nil {
+		if _, err := m2.Resume(r.ctx(), id, ResumeOptions{Network: NetworkSpec{Policy: ptr(r.pol)}}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -674,7 +674,7 @@ func TestGoogleCLISlowStart(t *testing.T) {
 	if err := r.m.Suspend(r.ctx(), "slow"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := r.m.Resume(r.ctx(), "slow", ResumeOptions{Network: Network{Policy: r.pol}}); err != nil {
+	if _, err := r.m.Resume(r.ctx(), "slow", ResumeOptions{Network: NetworkSpec{Policy: ptr(r.pol)}}); err != nil {
 		t.Fatalf("resume: %v", err)
 	}
 	for _, id := range []string{"slow", "slow-copy"} {
@@ -683,3 +683,6 @@ func TestGoogleCLISlowStart(t *testing.T) {
 		}
 	}
 }
+
+// ptr returns a pointer to a copy of v.
+func ptr[T any](v T) *T { return &v }

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"maps"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -70,6 +71,12 @@ type Sandbox struct {
 	busy   atomic.Int32 // calls in progress (Use)
 	ports  atomic.Int32 // port connections open (DialPort)
 
+	// pmu guards the commands the manager started (Exec) and the port
+	// connections open, by port: what the sandbox runs, which goes with it.
+	pmu       sync.Mutex
+	procs     map[string]*Process
+	portsOpen map[int]int
+
 	baseURLs atomic.Pointer[map[string]string]
 }
 
@@ -103,13 +110,17 @@ func start(ctx context.Context, l *Launcher, proxy *relay.Proxy, id string, opts
 	if err := sandboxcli.CheckID(id); err != nil { // the id rule both CLIs share
 		return nil, err
 	}
-	s := &Sandbox{id: id, l: l, proxy: proxy, opts: opts, log: l.log.With("sandbox", id), ready: make(chan struct{})}
+	s := &Sandbox{id: id, l: l, proxy: proxy, opts: opts, log: l.log.With("sandbox", id), ready: make(chan struct{}),
+		procs: map[string]*Process{}, portsOpen: map[int]int{}}
 	s.touch()
 	s.relay = relay.NewTenant(id, opts.Policy, opts.Transforms)
 	if opts.Modules != nil {
 		s.relay.SetModules(opts.Modules)
 	}
 	s.ctx, s.cancel = context.WithCancelCause(context.Background())
+	// However the sandbox stops running (destroyed, suspended, its agent
+	// gone for good), its credentials and modules go at once.
+	context.AfterFunc(s.ctx, s.dropSecrets)
 	if err := launch(); err != nil {
 		s.cancel(err)
 		return nil, err
@@ -387,21 +398,38 @@ func (s *Sandbox) client(ctx context.Context) (*agent.Client, error) {
 }
 
 // Run runs a command in the sandbox and waits for it; see agent.Client.Run.
+// Without base URLs of its own it gets the sandbox's current ones.
 func (s *Sandbox) Run(ctx context.Context, cmd agent.Cmd) (agent.ExitStatus, error) {
 	c, err := s.client(ctx)
 	if err != nil {
 		return agent.ExitStatus{}, err
 	}
-	return c.Run(ctx, cmd)
+	return c.Run(ctx, s.withBaseURLs(cmd))
 }
 
 // Spawn starts a command and returns its handle; see agent.Client.Spawn.
+// Without base URLs of its own it gets the sandbox's current ones.
 func (s *Sandbox) Spawn(ctx context.Context, cmd agent.Cmd) (*agent.Process, error) {
 	c, err := s.client(ctx)
 	if err != nil {
 		return nil, err
 	}
-	return c.Spawn(ctx, cmd)
+	return c.Spawn(ctx, s.withBaseURLs(cmd))
+}
+
+// withBaseURLs gives cmd the sandbox's base URLs, once its network was
+// set (setNetwork): the agent routes them (agent.RouteBaseURL), the one
+// place a command's environment is made.
+func (s *Sandbox) withBaseURLs(cmd agent.Cmd) agent.Cmd {
+	if cmd.BaseURLs == nil {
+		if p := s.baseURLs.Load(); p != nil {
+			cmd.BaseURLs = maps.Clone(*p)
+			if cmd.BaseURLs == nil {
+				cmd.BaseURLs = map[string]string{}
+			}
+		}
+	}
+	return cmd
 }
 
 // KillAll stops every process in the sandbox but its agent.
@@ -498,13 +526,17 @@ func (s *Sandbox) DialPort(ctx context.Context, port int) (net.Conn, error) {
 		return nil, err
 	}
 	s.ports.Add(1)
-	return &portConn{Conn: conn, s: s}, nil
+	s.pmu.Lock()
+	s.portsOpen[port]++
+	s.pmu.Unlock()
+	return &portConn{Conn: conn, s: s, port: port}, nil
 }
 
 // portConn counts an open port connection until it is closed.
 type portConn struct {
 	net.Conn
 	s    *Sandbox
+	port int
 	once sync.Once
 }
 
@@ -512,8 +544,65 @@ func (c *portConn) Close() error {
 	c.once.Do(func() {
 		c.s.touch()
 		c.s.ports.Add(-1)
+		c.s.pmu.Lock()
+		if c.s.portsOpen[c.port]--; c.s.portsOpen[c.port] <= 0 {
+			delete(c.s.portsOpen, c.port)
+		}
+		c.s.pmu.Unlock()
 	})
 	return c.Conn.Close()
+}
+
+// OpenPorts lists the ports with a connection open now (DialPort), in
+// order.
+func (s *Sandbox) OpenPorts() []int {
+	s.pmu.Lock()
+	defer s.pmu.Unlock()
+	out := make([]int, 0, len(s.portsOpen))
+	for p := range s.portsOpen {
+		out = append(out, p)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// addProcess records a command the manager started.
+func (s *Sandbox) addProcess(p *Process) {
+	s.pmu.Lock()
+	s.procs[p.id] = p
+	s.pmu.Unlock()
+}
+
+// process returns the command of that id, or nil.
+func (s *Sandbox) process(id string) *Process {
+	s.pmu.Lock()
+	defer s.pmu.Unlock()
+	return s.procs[id]
+}
+
+// forgetProcesses drops the commands that exited more than retention ago
+// and that no stream follows.
+func (s *Sandbox) forgetProcesses(retention time.Duration) {
+	s.pmu.Lock()
+	defer s.pmu.Unlock()
+	for id, p := range s.procs {
+		if p.forgettable(retention) {
+			delete(s.procs, id)
+		}
+	}
+}
+
+// dropSecrets empties the sandbox's credential rules and closes its
+// modules: run once it stops running, by whatever path, so that no secret
+// of a sandbox that does not run stays in the service.
+func (s *Sandbox) dropSecrets() {
+	s.relay.Transforms().Set()
+	if mods := s.relay.Modules(); mods != nil {
+		s.relay.SetModules(nil)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		mods.Close(ctx)
+	}
 }
 
 // ExportLayer writes the sandbox's writable layer to file as a layer tar

@@ -29,6 +29,9 @@ type ruleList struct {
 	// scrubber: copy on write, at most maxScrubCache entries.
 	scrubs atomic.Pointer[map[uint64]*scrubTarget]
 	smu    sync.Mutex // serialises writers of scrubs
+
+	guard     *Guard // of the list's secrets, made when first asked
+	guardOnce sync.Once
 }
 
 // scrubTarget is what the responses of a host are scrubbed of.
@@ -81,6 +84,34 @@ func (s *RuleSet) Rules() []Rule {
 		return slices.Clone(l.rules)
 	}
 	return nil
+}
+
+// GuardMinLength is the shortest secret the credential guard looks for
+// (protocol 1's "held secrets": 12 characters or more); a shorter one
+// would be found by chance in what a sandbox is given.
+const GuardMinLength = 12
+
+// Guard returns the credential guard of the rules' secrets (those of
+// GuardMinLength or more): what the service puts into a sandbox is
+// searched with it, so no secret of the sandbox's rules goes in. It is
+// the guard of the current rules; a change of the rules makes another.
+func (s *RuleSet) Guard() *Guard {
+	l := s.cur.Load()
+	if l == nil {
+		return nil
+	}
+	l.guardOnce.Do(func() {
+		var vals []string
+		for _, r := range l.rules {
+			for _, sec := range r.secrets {
+				if v := sec.reveal(); len(v) >= GuardMinLength {
+					vals = append(vals, v)
+				}
+			}
+		}
+		l.guard = NewGuard(vals...)
+	})
+	return l.guard
 }
 
 // Len returns the number of rules.

@@ -34,11 +34,6 @@ func badRequest(format string, args ...any) error {
 	return errorf(http.StatusBadRequest, format, args...)
 }
 
-// errNoSandbox is a route's sandbox that is not running.
-func errNoSandbox(name string) error {
-	return errorf(http.StatusNotFound, "sandbox %q is not running (create it, or resume it if it is suspended)", name)
-}
-
 // status is the one place an error becomes an HTTP status. Errors carry
 // their meaning (not found, conflict, invalid, unavailable); only here is
 // it a number.
@@ -56,6 +51,10 @@ func status(err error) int {
 		return http.StatusBadRequest
 	case errors.Is(err, agent.ErrTooLarge):
 		return http.StatusRequestEntityTooLarge
+	case errors.Is(err, appliance.ErrNoModules), errors.Is(err, appliance.ErrNoAudit):
+		return http.StatusNotImplemented
+	case errors.Is(err, appliance.ErrOutputDropped):
+		return http.StatusGone
 	case errors.Is(err, agent.ErrUnreachable):
 		return http.StatusBadGateway
 	case errors.Is(err, appliance.ErrExists), errors.Is(err, appliance.ErrRunning):

@@ -10,49 +10,37 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/sandgate/sandgate/relay/audit"
-	"github.com/sandgate/sandgate/transforms/wasm"
+	"github.com/sandgate/sandgate/appliance"
 )
 
 // audit serves a sandbox's egress decisions: the ones kept, as JSON, or
 // with ?follow=1 those as they happen, one JSON line each.
-func (s *Server) audit(w http.ResponseWriter, r *http.Request) {
+func (s *Server) audit(w http.ResponseWriter, r *http.Request) error {
 	name := r.PathValue("name")
 	if err := checkSandboxName(name); err != nil {
-		writeError(w, err)
-		return
-	}
-	if s.cfg.Audit == nil {
-		writeError(w, errorf(http.StatusNotImplemented, "this service keeps no audit events"))
-		return
-	}
-	if _, err := s.m.Get(r.Context(), name); err != nil {
-		writeError(w, err)
-		return
+		return err
 	}
 	if r.URL.Query().Get("follow") == "" || r.URL.Query().Get("follow") == "0" {
-		events := s.cfg.Audit.Events(name)
-		if events == nil {
-			events = []audit.Event{}
+		events, err := s.b.AuditEvents(r.Context(), name)
+		if err != nil {
+			return err
 		}
 		writeJSON(w, http.StatusOK, map[string]any{"events": events})
-		return
+		return nil
 	}
-	sb, err := s.m.Sandbox(name)
+	kept, f, gone, stop, err := s.b.FollowAudit(name)
 	if err != nil {
-		writeError(w, errNoSandbox(name))
-		return
+		return err
 	}
-	f, stop := s.cfg.Audit.Follow(name)
 	defer stop()
 	w.Header().Set("Content-Type", "application/x-ndjson")
 	rc := http.NewResponseController(w)
 	w.WriteHeader(http.StatusOK)
 	rc.Flush()
 	enc := json.NewEncoder(w)
-	for _, e := range s.cfg.Audit.Events(name) {
+	for _, e := range kept {
 		if enc.Encode(e) != nil {
-			return
+			return nil
 		}
 	}
 	rc.Flush()
@@ -61,17 +49,17 @@ func (s *Server) audit(w http.ResponseWriter, r *http.Request) {
 	for {
 		select {
 		case <-r.Context().Done():
-			return
-		case <-sb.Context().Done():
-			return
+			return nil
+		case <-gone:
+			return nil
 		case e := <-f.C:
 			if enc.Encode(e) != nil {
-				return
+				return nil
 			}
 			rc.Flush()
 		case <-keepalive.C:
 			if _, err := w.Write([]byte("\n")); err != nil {
-				return
+				return nil
 			}
 			rc.Flush()
 		}
@@ -81,22 +69,16 @@ func (s *Server) audit(w http.ResponseWriter, r *http.Request) {
 // setModules replaces a sandbox's own WebAssembly transform modules:
 // {"modules":[{"name":..., "wasm": base64, "config": string}]}, each loaded
 // and checked as `sandgate wasm check` does, run after the service's and
-// before the credential swap. An empty list removes them.
-func (s *Server) setModules(w http.ResponseWriter, r *http.Request) {
+// before the credential swap, and kept with the sandbox across suspend
+// and resume. An empty list removes them.
+func (s *Server) setModules(w http.ResponseWriter, r *http.Request) error {
 	name := r.PathValue("name")
-	sb, err := s.m.Sandbox(name)
-	if err != nil {
-		writeError(w, errNoSandbox(name))
-		return
-	}
-	if s.cfg.Modules == nil {
-		writeError(w, errorf(http.StatusNotImplemented, "this service runs no WebAssembly modules"))
-		return
+	if err := s.mustRun(r.Context(), name); err != nil {
+		return err
 	}
 	o, err := readObject(r, 64<<20)
 	if err != nil {
-		writeError(w, err)
-		return
+		return err
 	}
 	var specs []struct {
 		Name   string `json:"name"`
@@ -104,57 +86,38 @@ func (s *Server) setModules(w http.ResponseWriter, r *http.Request) {
 		Config string `json:"config"`
 	}
 	if raw, ok := o["modules"]; !ok || json.Unmarshal(raw, &specs) != nil {
-		writeError(w, badRequest("field \"modules\" must be a list of {name, wasm (base64), config}"))
-		return
+		return badRequest("field \"modules\" must be a list of {name, wasm (base64), config}")
 	}
-	var mods []*wasm.Module
-	closeAll := func() {
-		for _, m := range mods {
-			m.Close(r.Context())
-		}
-	}
+	var srcs []appliance.ModuleSource
 	for i, spec := range specs {
 		bin, err := base64.StdEncoding.DecodeString(spec.Wasm)
 		if err != nil || spec.Name == "" {
-			closeAll()
-			writeError(w, badRequest("modules[%d]: want a name and the module's bytes in base64", i))
-			return
+			return badRequest("modules[%d]: want a name and the module's bytes in base64", i)
 		}
-		m, err := s.cfg.Modules.Load(r.Context(), spec.Name, bin, []byte(spec.Config))
-		if err != nil {
-			closeAll()
-			writeError(w, badRequest("modules[%d]: %v", i, err))
-			return
-		}
-		mods = append(mods, m)
+		srcs = append(srcs, appliance.ModuleSource{Name: spec.Name, Wasm: bin, Config: []byte(spec.Config)})
 	}
-	var chain *wasm.Chain
-	if len(mods) > 0 {
-		chain = wasm.NewChain(mods...)
-	}
-	old := sb.Relay().Modules()
-	sb.Relay().SetModules(chain)
-	if old != nil {
-		old.Close(r.Context())
+	if err := s.b.SetModules(r.Context(), name, srcs); err != nil {
+		return err
 	}
 	noContent(w)
+	return nil
 }
 
 //go:embed openapi.json
 var openAPIDoc []byte
 
-func (s *Server) openAPI(w http.ResponseWriter, r *http.Request) {
+func (s *Server) openAPI(w http.ResponseWriter, r *http.Request) error {
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Content-Length", strconv.Itoa(len(openAPIDoc)))
 	w.WriteHeader(http.StatusOK)
 	w.Write(openAPIDoc)
+	return nil
 }
 
 // serverMetrics counts HTTP requests by route and status.
 type serverMetrics struct {
 	requests *prometheus.CounterVec
 	duration *prometheus.HistogramVec
-	execs    prometheus.Counter
 }
 
 func newServerMetrics(reg *prometheus.Registry) *serverMetrics {
@@ -168,13 +131,9 @@ func newServerMetrics(reg *prometheus.Registry) *serverMetrics {
 			Help:    "Time to the end of a response, by route (exec streams and tunnels run as long as they do).",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 4, 10),
 		}, []string{"route"}),
-		execs: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "sandgate_exec_processes_total",
-			Help: "Commands started by exec.",
-		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.duration, m.execs)
+		reg.MustRegister(m.requests, m.duration)
 	}
 	return m
 }

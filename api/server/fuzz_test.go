@@ -9,20 +9,16 @@ import (
 	"maps"
 	"net/http"
 	"net/http/httptest"
-	"net/netip"
 	"net/url"
 	"path"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
-	"testing/iotest"
 
 	"golang.org/x/net/http/httpguts"
 
 	"github.com/sandgate/sandgate/api"
-	"github.com/sandgate/sandgate/appliance/agent"
-	"github.com/sandgate/sandgate/netpolicy"
 	"github.com/sandgate/sandgate/transforms"
 )
 
@@ -178,9 +174,6 @@ func FuzzExecRequest(f *testing.F) {
 	f.Add(bytes.Repeat([]byte("a"), api.MaxJSONBody))
 	f.Add(bytes.Repeat([]byte("a"), api.MaxJSONBody+1))
 	f.Add(append(bytes.Repeat([]byte(" "), api.MaxJSONBody+1), "\n{}"...))
-	baseURLs := map[string]string{"ANTHROPIC_BASE_URL": "https://api.anthropic.com"}
-	const relay = "127.0.0.1:3128"
-
 	f.Fuzz(func(t *testing.T, body []byte) {
 		br := bufio.NewReaderSize(bytes.NewReader(body), 64<<10)
 		line, err := readLine(br)
@@ -243,74 +236,12 @@ func FuzzExecRequest(f *testing.F) {
 			}
 		}
 
-		// The credential guard comes first: the command, the working
-		// directory, a variable's name or value holding the secret is a
-		// 400 that names the place and never quotes the secret.
-		g := transforms.NewGuard(fuzzSecret)
-		holds := strings.Contains(command, fuzzSecret) || strings.Contains(dir, fuzzSecret)
-		for k, v := range own {
-			holds = holds || strings.Contains(k+"="+v, fuzzSecret)
-		}
-		env, err := startEnv(g, relay, baseURLs, command, dir, own)
-		if err != nil && strings.Contains(err.Error(), fuzzSecret) {
-			t.Fatalf("the error quotes the secret: %v", err)
-		}
-		if holds {
-			wantStatus(t, err, http.StatusBadRequest, "a command holding the secret")
-			if !errors.Is(err, transforms.ErrCredential) || !strings.HasPrefix(err.Error(), transforms.CredentialPhrase) {
-				t.Fatalf("a command holding the secret: %v, want the credential guard's refusal", err)
+		// Variable names: protocol 1's rule (checked by the handler once
+		// the backend's credential guard has passed the request).
+		for k := range own {
+			if envName.MatchString(k) != refEnvName(k) {
+				t.Fatalf("variable name %q: the check says %v, the rule says %v", k, envName.MatchString(k), refEnvName(k))
 			}
-			return
-		}
-
-		// The variables a command is given.
-		if i := slices.IndexFunc(slices.Collect(maps.Keys(own)), func(k string) bool { return !refEnvName(k) }); i >= 0 {
-			wantStatus(t, err, http.StatusBadRequest, "a bad variable name")
-			return
-		}
-		want := map[string]string{}
-		for k, v := range baseURLs {
-			want[k] = agent.RouteBaseURL(relay, v)
-		}
-		for k, v := range own {
-			if _, isBase := baseURLs[k]; isBase {
-				v = agent.RouteBaseURL(relay, v)
-			}
-			want[k] = v
-		}
-		routedHolds := false
-		for k, v := range want {
-			routedHolds = routedHolds || strings.Contains(k+"="+v, fuzzSecret)
-		}
-		if routedHolds { // routing a base URL made it
-			if !errors.Is(err, transforms.ErrCredential) {
-				t.Fatalf("variables %q hold the secret once routed: %v, want the guard's refusal", want, err)
-			}
-			return
-		}
-		if err != nil {
-			t.Fatalf("startEnv refused valid names %q without the secret: %v", own, err)
-		}
-		if len(env) != len(want) {
-			t.Fatalf("variables %q, want %q", env, want)
-		}
-		for _, kv := range env {
-			k, v, _ := strings.Cut(kv, "=")
-			if w, ok := want[k]; !ok || w != v || !refEnvName(k) {
-				t.Fatalf("variable %q, want %s=%q", kv, k, w)
-			}
-		}
-
-		// Stdin: the bytes after the line pass the guard's stream, in
-		// any chunking, exactly when they do not hold the secret.
-		stdin := body[nl+1:]
-		out, err := io.ReadAll(g.Reader(iotest.HalfReader(bytes.NewReader(stdin)), whereStdin))
-		if bytes.Contains(stdin, []byte(fuzzSecret)) {
-			if !errors.Is(err, transforms.ErrCredential) || bytes.Contains(out, []byte(fuzzSecret)) || !bytes.HasPrefix(stdin, out) {
-				t.Fatalf("stdin holding the secret: %q let through, %v", out, err)
-			}
-		} else if err != nil || !bytes.Equal(out, stdin) {
-			t.Fatalf("stdin %q: %q let through, %v", stdin, out, err)
 		}
 	})
 }
@@ -334,8 +265,6 @@ func FuzzJSONBody(f *testing.F) {
 	f.Add([]byte(`{"name":"`+strings.Repeat("a", 100)+`"}`), true)
 	f.Add(append([]byte(`{"name":"a"}`), bytes.Repeat([]byte(" "), api.MaxJSONBody-12)...), false)
 	f.Add(append([]byte(`{"name":"a"}`), bytes.Repeat([]byte(" "), api.MaxJSONBody-11)...), false)
-	s := &Server{cfg: Config{AllowedHosts: []string{"svc.example.com"}}.withDefaults()}
-
 	f.Fuzz(func(t *testing.T, body []byte, small bool) {
 		limit := int64(api.MaxJSONBody)
 		if small { // lets the fuzzer reach the limit
@@ -390,36 +319,6 @@ func FuzzJSONBody(f *testing.F) {
 			t.Fatalf("template name %q: check says %v, the rule says %v", tpl, err, refName(tpl))
 		}
 
-		// The effective policy: the service's hosts and these.
-		p, err := s.policyFor(hosts, urls, nil)
-		if err != nil {
-			wantStatus(t, err, http.StatusBadRequest, "a host rule sandgate refuses")
-			return
-		}
-		if slices.Contains(hosts, "*") {
-			if p.Mode != netpolicy.AllowAll {
-				t.Fatalf("allowedHosts %q holds *, policy mode %q", hosts, p.Mode)
-			}
-			return
-		}
-		if p.Mode != netpolicy.Custom {
-			t.Fatalf("policy mode %q, want custom", p.Mode)
-		}
-		given := append([]string{"svc.example.com"}, hosts...)
-		literals := map[netip.Addr]bool{}
-		for _, h := range given {
-			if a, err := netip.ParseAddr(strings.Trim(strings.TrimSpace(h), "[]")); err == nil {
-				literals[a.Unmap()] = true
-			}
-		}
-		for _, c := range p.AllowedCIDRs {
-			if !c.IsSingleIP() || !literals[c.Addr()] {
-				t.Fatalf("allowedCIDRs entry %s does not come from one allowed host of %q", c, given)
-			}
-		}
-		if len(p.AllowedHosts) == 0 || len(p.AllowedHosts) > len(given) {
-			t.Fatalf("policy has %d host rules from %d hosts", len(p.AllowedHosts), len(given))
-		}
 	})
 }
 
@@ -461,28 +360,24 @@ func FuzzTransformations(f *testing.F) {
 			}
 			return
 		}
-		secrets := heldSecrets(ts)
+		// Protocol 1's held secrets: header values, scheme removed, of 12
+		// characters or more.
+		// A header named twice is set to its last value (as JSON.parse
+		// reads an object in the reference).
+		var secrets []string
 		for _, tr := range ts {
+			last := map[string]string{}
 			for _, h := range tr.headers {
-				v := h.value
+				last[h.name] = h.value
+			}
+			for _, v := range last {
 				if m := schemePrefix.FindString(v); m != "" {
 					v = v[len(m):]
 				}
-				if len(v) >= 12 && !slices.Contains(secrets, v) {
-					t.Fatalf("header value %q is a held secret, not in %q", h.value, secrets)
+				if len(v) >= 12 {
+					secrets = append(secrets, v)
 				}
 			}
-		}
-		for _, sec := range secrets {
-			if len(sec) < 12 {
-				t.Fatalf("held secret %q is under 12 characters", sec)
-			}
-			if transforms.NewGuard(secrets...).Check(whereCommand, "echo x"+sec+"y") == nil {
-				t.Fatalf("guard lets a command holding %q through", sec)
-			}
-		}
-		if transforms.NewGuard(secrets...).Check(whereCommand, "") != nil {
-			t.Fatal("guard refuses an empty command")
 		}
 
 		rs, err := rules(ts)
@@ -496,6 +391,16 @@ func FuzzTransformations(f *testing.F) {
 				}
 			}
 			return
+		}
+		// The rules' guard refuses every held secret, and nothing else.
+		g := transforms.NewRuleSet(rs...).Guard()
+		for _, sec := range secrets {
+			if g.Check("the command", "echo x"+sec+"y") == nil {
+				t.Fatalf("the rules' guard lets a command holding %q through", sec)
+			}
+		}
+		if g.Check("the command", "") != nil {
+			t.Fatal("the rules' guard refuses an empty command")
 		}
 		if len(rs) != len(ts) {
 			t.Fatalf("%d rules from %d transformations", len(rs), len(ts))
@@ -800,64 +705,6 @@ func serverReadRequest(raw string) (*http.Request, error) {
 		}
 	}
 	return r, nil
-}
-
-// FuzzRouteBaseURL checks the relay route of a base URL: left alone
-// unless it is an http(s) URL off the relay; otherwise a route on the
-// relay that names exactly the URL's host, with its path, no query or
-// fragment, no control bytes; and routing a route changes nothing.
-func FuzzRouteBaseURL(f *testing.F) {
-	for _, s := range []string{
-		"https://api.openai.com/v1/", "https://api.anthropic.com", "http://localhost:8080/x//", "HTTPS://API.Example.COM/A%2FB?q=1#f",
-		"https://user:pass@api.example.com/v1", "https://[2001:db8::1]:8443/p", "https://api.example.com:443", "https://api.example.com/../../evil.example/v1",
-		"http://127.0.0.1:3128/https/api.example.com", "http://127.0.0.1:3128", "http://127.0.0.1:31280/x", "ftp://files.example.com/x", "not a url",
-		"", "https://", "https:///path", "//api.example.com/v1", "https://api.example.com/%0d%0aX:1", "https://api.example.com\r\n/x",
-		"https://%e4%bd%a0.example/x", "https://a.example/ /b", "https://a.example?x", "https://a.example#/x", "https://a.example/\u00e9",
-	} {
-		f.Add(uint16(3128), s)
-	}
-	f.Fuzz(func(t *testing.T, port uint16, value string) {
-		relay := "127.0.0.1:" + strconv.Itoa(int(port))
-		origin := "http://" + relay
-		got := agent.RouteBaseURL(relay, value)
-		u, err := url.Parse(value)
-		onRelay := value == origin || strings.HasPrefix(value, origin+"/")
-		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || onRelay {
-			if got != value {
-				t.Fatalf("routeBaseURL(%q) = %q, want it left as it is", value, got)
-			}
-			return
-		}
-		prefix := origin + "/" + u.Scheme + "/"
-		rest, ok := strings.CutPrefix(got, prefix)
-		if !ok {
-			t.Fatalf("routeBaseURL(%q) = %q, not a route under %s", value, got, prefix)
-		}
-		// The relay reads the host up to the first / or ?: it must be the
-		// URL's host, all of it.
-		end := strings.IndexAny(rest, "/?")
-		if end < 0 {
-			end = len(rest)
-		}
-		if rest[:end] != u.Host {
-			t.Fatalf("routeBaseURL(%q) = %q routes to host %q, want %q", value, got, rest[:end], u.Host)
-		}
-		// The path with its dot segments resolved (as a URL parser does),
-		// less one trailing slash.
-		p := rest[end:]
-		if ep := u.ResolveReference(&url.URL{}).EscapedPath(); p != ep && p+"/" != ep {
-			t.Fatalf("routeBaseURL(%q) = %q: path %q, want %q less one trailing /", value, got, p, ep)
-		}
-		if strings.ContainsAny(got, "?# ") || strings.ContainsFunc(got, func(r rune) bool { return r < 0x20 || r == 0x7f }) {
-			t.Fatalf("routeBaseURL(%q) = %q holds a query, fragment, space or control byte", value, got)
-		}
-		if again := agent.RouteBaseURL(relay, got); again != got {
-			t.Fatalf("routing a route changes it: %q → %q", got, again)
-		}
-		if ru, err := url.Parse(got); err != nil || ru.Host != relay || ru.Scheme != "http" {
-			t.Fatalf("the route %q is not a URL on the relay %s (%v)", got, relay, err)
-		}
-	})
 }
 
 // FuzzFilePath checks a files route's path: a clean absolute path that

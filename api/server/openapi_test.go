@@ -68,7 +68,7 @@ func loadDoc(t *testing.T) *openapi3.T {
 // be called. Close it with the returned func.
 func testServer(t *testing.T, token string) *Server {
 	t.Helper()
-	s, err := New(Config{Token: token, Version: "test", Metrics: prometheus.NewRegistry()})
+	s, err := New(Config{Backend: newFakeBackend(), Token: token, Version: "test", Metrics: prometheus.NewRegistry()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -327,11 +327,11 @@ func TestOpenAPISchemasMatchWire(t *testing.T) {
 	schemaCheck(t, doc, "ExecRequest", req)
 
 	// A sandbox as the server describes it, from the manager's Info.
-	s := &Server{cfg: Config{}.withDefaults(), boxes: map[string]*sandboxState{
-		"box": {procs: map[string]*process{}, ports: map[int]int{4000: 1}},
-	}}
+	s := &Server{cfg: Config{}.withDefaults()}
 	info := appliance.Info{ID: "box", State: appliance.Running, Created: now, LastActive: now.Add(time.Minute), LayerBytes: 4096,
-		Template: "tpl", Policy: &policy, BaseURLs: map[string]string{"ANTHROPIC_BASE_URL": "https://api.anthropic.com"}}
+		Template: "tpl", Policy: &policy, BaseURLs: map[string]string{"ANTHROPIC_BASE_URL": "https://api.anthropic.com"},
+		Modules:   []appliance.ModuleInfo{{Name: "deny-path", Digest: "sha256:" + strings.Repeat("ab", 32), Bytes: 4096}},
+		OpenPorts: []int{4000}}
 	allSet(t, info)
 	sb := s.sandboxInfo(info)
 	allSet(t, sb)

@@ -102,19 +102,20 @@ func (s *Server) tunnel(w http.ResponseWriter, r *http.Request) {
 		rawStatus(w, http.StatusNotFound)
 		return
 	}
-	sb, err := s.m.Sandbox(name)
-	if err != nil {
+	if err := s.mustRun(r.Context(), name); err != nil {
 		rawStatus(w, http.StatusNotFound)
 		return
 	}
-	done := sb.Use()
-	defer done()
 	ctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
-	up, err := sb.DialPort(ctx, port)
+	up, err := s.b.DialPort(ctx, name, port)
 	cancel()
 	if err != nil {
 		s.log.Info("port tunnel: nothing answers in the sandbox", "sandbox", name, "port", port, "err", err)
-		rawStatus(w, http.StatusBadGateway)
+		code := status(err)
+		if code == http.StatusInternalServerError {
+			code = http.StatusBadGateway
+		}
+		rawStatus(w, code)
 		return
 	}
 	defer up.Close()
@@ -124,8 +125,6 @@ func (s *Server) tunnel(w http.ResponseWriter, r *http.Request) {
 	}
 	defer conn.Close()
 	conn.SetDeadline(time.Time{})
-	release := s.portOpen(name, port)
-	defer release()
 	if _, err := up.Write(tunnelHead(r, port, sub, query)); err != nil {
 		return
 	}
@@ -149,22 +148,6 @@ func splice(caller net.Conn, callerR *bufio.Reader, sandbox net.Conn) {
 	<-done
 }
 
-// portOpen counts an open connection to a port (for the sandbox's
-// description) until release.
-func (s *Server) portOpen(name string, port int) (release func()) {
-	st := s.state(name)
-	st.pmu.Lock()
-	st.ports[port]++
-	st.pmu.Unlock()
-	return func() {
-		st.pmu.Lock()
-		if st.ports[port]--; st.ports[port] <= 0 {
-			delete(st.ports, port)
-		}
-		st.pmu.Unlock()
-	}
-}
-
 // isTCPBridge reports whether path is sandgate's own WebSocket route.
 func isTCPBridge(path string) bool {
 	rest, ok := strings.CutPrefix(path, "/v1/sandboxes/")
@@ -177,41 +160,36 @@ func isTCPBridge(path string) bool {
 
 // tcpBridge carries raw TCP to 127.0.0.1:<port> in the sandbox over a
 // WebSocket (binary messages), for services that do not speak HTTP.
-func (s *Server) tcpBridge(w http.ResponseWriter, r *http.Request) {
+func (s *Server) tcpBridge(w http.ResponseWriter, r *http.Request) error {
 	name := r.PathValue("name")
 	port, err := strconv.Atoi(r.PathValue("port"))
 	if err != nil || port < 1 || port > 65535 {
-		writeError(w, badRequest("port %q: want 1 to 65535", r.PathValue("port")))
-		return
+		return badRequest("port %q: want 1 to 65535", r.PathValue("port"))
 	}
 	if !strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
-		writeError(w, errorf(http.StatusUpgradeRequired, "the TCP bridge is a WebSocket: send a WebSocket handshake (Upgrade: websocket)"))
-		return
+		return errorf(http.StatusUpgradeRequired, "the TCP bridge is a WebSocket: send a WebSocket handshake (Upgrade: websocket)")
 	}
-	sb, err := s.m.Sandbox(name)
-	if err != nil {
-		writeError(w, errNoSandbox(name))
-		return
+	if err := s.mustRun(r.Context(), name); err != nil {
+		return err
 	}
-	done := sb.Use()
-	defer done()
 	ctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
-	up, err := sb.DialPort(ctx, port)
+	up, err := s.b.DialPort(ctx, name, port)
 	cancel()
 	if err != nil {
-		writeError(w, errorf(http.StatusBadGateway, "nothing answers on port %d in sandbox %q: %v", port, name, err))
-		return
+		if status(err) == http.StatusInternalServerError {
+			err = errorf(http.StatusBadGateway, "nothing answers on port %d in sandbox %q: %v", port, name, err)
+		}
+		return err
 	}
 	defer up.Close()
 	// No Origin check: no browser can call this service (a token, or
 	// LocalOnly, stands in front); its clients are programs.
 	ws, err := websocket.Accept(w, r, &websocket.AcceptOptions{InsecureSkipVerify: true})
 	if err != nil {
-		return // Accept wrote the refusal
+		return nil // Accept wrote the refusal
 	}
 	ws.SetReadLimit(-1) // a message is raw bytes of a stream: any size
-	release := s.portOpen(name, port)
-	defer release()
 	conn := wsconn.New(ws)
 	splice(conn, bufio.NewReader(conn), up)
+	return nil
 }

@@ -51,10 +51,18 @@ type rig struct {
 
 func newRig(t *testing.T, tweak func(*Config)) *rig {
 	t.Helper()
+	return newRigOn(t, stacktest.Config{}, tweak)
+}
+
+// newRigOn is newRig over a stack configured by sc (its Dir and Rings
+// are the rig's).
+func newRigOn(t *testing.T, sc stacktest.Config, tweak func(*Config)) *rig {
+	t.Helper()
 	if ok, why := stacktest.CanRun(); !ok {
 		t.Skip(why)
 	}
-	st, err := stacktest.Start(stacktest.Config{Dir: t.TempDir(), Rings: 100})
+	sc.Dir, sc.Rings = t.TempDir(), 100
+	st, err := stacktest.Start(sc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,8 +71,7 @@ func newRig(t *testing.T, tweak func(*Config)) *rig {
 	rand.Read(b[:])
 	r.canary = "sk-canary-" + hex.EncodeToString(b[:])
 	cfg := Config{
-		Manager: r.m, Token: r.token, Version: "test", Audit: r.rings, Logger: st.Logger,
-		BaseURLs:   map[string]string{"ANTHROPIC_BASE_URL": "https://" + stacktest.UpstreamHost},
+		Backend: r.m, Token: r.token, Version: "test", Logger: st.Logger,
 		EgressPort: 0, WaitTimeout: 2 * time.Second,
 	}
 	if tweak != nil {

@@ -1,9 +1,7 @@
 package server
 
 import (
-	"errors"
 	"net/http"
-	"slices"
 	"time"
 
 	"github.com/sandgate/sandgate/api"
@@ -11,241 +9,181 @@ import (
 	"github.com/sandgate/sandgate/netpolicy"
 )
 
-func (s *Server) create(w http.ResponseWriter, r *http.Request) {
+// dirs are the directories a sandbox gets made: its home and working
+// directory.
+func (s *Server) dirs(name string) []string {
+	return []string{sandboxDir(s.cfg.Home, name), sandboxDir(s.cfg.WorkDir, name)}
+}
+
+func (s *Server) create(w http.ResponseWriter, r *http.Request) error {
 	o, err := readObject(r, api.MaxJSONBody)
 	if err != nil {
-		writeError(w, err)
-		return
+		return err
 	}
 	nb, err := o.network()
 	if err != nil {
-		writeError(w, err)
-		return
+		return err
 	}
 	if err := checkSandboxName(nb.name); err != nil {
-		writeError(w, err)
-		return
+		return err
 	}
 	if _, given := o["template"]; given {
 		if err := checkTemplateName(nb.template); err != nil {
-			writeError(w, err)
-			return
+			return err
 		}
 	}
-	st := &sandboxState{allowedHosts: nb.allowedHosts, baseURLs: nb.baseURLs, procs: map[string]*process{}, ports: map[int]int{}}
-	n, err := s.network(st)
-	if err != nil {
-		writeError(w, err)
-		return
+	if _, err := s.b.Create(r.Context(), nb.name, appliance.CreateOptions{
+		Network:  appliance.NetworkSpec{AllowedHosts: nb.allowedHosts, BaseURLs: nb.baseURLs},
+		Template: nb.template, Agent: s.agentConfig(nb.name), Dirs: s.dirs(nb.name),
+	}); err != nil {
+		return err
 	}
-	_, err = s.m.Create(r.Context(), nb.name, appliance.CreateOptions{
-		Network: n, Template: nb.template, Agent: s.agentConfig(nb.name),
-		Dirs: []string{sandboxDir(s.cfg.Home, nb.name), sandboxDir(s.cfg.WorkDir, nb.name)},
-	})
-	if err != nil {
-		writeError(w, err)
-		return
-	}
-	s.mu.Lock()
-	s.boxes[nb.name] = st
-	s.mu.Unlock()
 	writeJSON(w, http.StatusCreated, s.describe(nb.name))
+	return nil
 }
 
-func (s *Server) resume(w http.ResponseWriter, r *http.Request) {
+// resume: a running sandbox gets its allowed hosts and base URLs replaced
+// (its credential rules and processes kept); a suspended one starts with
+// them and no credential rules (protocol 1: transformations do not survive
+// a suspension).
+func (s *Server) resume(w http.ResponseWriter, r *http.Request) error {
 	name := r.PathValue("name")
 	if err := checkSandboxName(name); err != nil {
-		writeError(w, err)
-		return
+		return err
 	}
 	o, err := readObject(r, api.MaxJSONBody)
 	if err != nil {
-		writeError(w, err)
-		return
+		return err
 	}
 	nb, err := o.network()
 	if err != nil {
-		writeError(w, err)
-		return
+		return err
 	}
-	st := s.state(name)
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	_, running := s.m.Sandbox(name)
-	wasRunning := running == nil
-	// Replaced: allowed hosts and base URLs (a whole policy given to the
-	// network route goes too). Kept, if it runs: its transformations.
-	prevHosts, prevURLs, prevPolicy, prevRules, prevGuard := st.allowedHosts, st.baseURLs, st.policy, st.rules, st.guard
-	undo := func() {
-		st.allowedHosts, st.baseURLs, st.policy, st.rules, st.guard = prevHosts, prevURLs, prevPolicy, prevRules, prevGuard
-	}
-	st.allowedHosts, st.baseURLs, st.policy = nb.allowedHosts, nb.baseURLs, nil
-	if !wasRunning {
-		st.rules, st.guard = nil, nil
-	}
-	n, err := s.network(st)
-	if err != nil {
-		undo()
-		writeError(w, err)
-		return
-	}
-	sb, err := s.m.Resume(r.Context(), name, appliance.ResumeOptions{
-		Network: n, Agent: s.agentConfig(name),
-		Dirs: []string{sandboxDir(s.cfg.Home, name), sandboxDir(s.cfg.WorkDir, name)},
-	})
-	if err != nil {
-		undo()
-		if errors.Is(err, appliance.ErrNotFound) {
-			s.forget(name)
-		}
-		writeError(w, err)
-		return
-	}
-	if !wasRunning {
-		sb.Relay().Transforms().Set()
+	if _, err := s.b.Resume(r.Context(), name, appliance.ResumeOptions{
+		Network: appliance.NetworkSpec{AllowedHosts: nb.allowedHosts, BaseURLs: nb.baseURLs},
+		Agent:   s.agentConfig(name), Dirs: s.dirs(name),
+	}); err != nil {
+		return err
 	}
 	writeJSON(w, http.StatusOK, s.describe(name))
+	return nil
 }
 
-func (s *Server) suspend(w http.ResponseWriter, r *http.Request) {
+func (s *Server) suspend(w http.ResponseWriter, r *http.Request) error {
 	name := r.PathValue("name")
 	if !namePattern.MatchString(name) {
 		noContent(w) // no name check: such a sandbox cannot be running
-		return
+		return nil
 	}
-	if err := s.m.Suspend(r.Context(), name); err != nil {
-		writeError(w, err)
-		return
+	if err := s.b.Suspend(r.Context(), name); err != nil {
+		return err
 	}
-	s.forget(name)
 	noContent(w)
+	return nil
 }
 
-func (s *Server) destroy(w http.ResponseWriter, r *http.Request) {
+func (s *Server) destroy(w http.ResponseWriter, r *http.Request) error {
 	name := r.PathValue("name")
 	if err := checkSandboxName(name); err != nil {
-		writeError(w, err)
-		return
+		return err
 	}
-	if err := s.m.Destroy(r.Context(), name); err != nil {
-		writeError(w, err)
-		return
+	if err := s.b.Destroy(r.Context(), name); err != nil {
+		return err
 	}
-	s.forget(name)
 	noContent(w)
+	return nil
 }
 
-func (s *Server) setNetwork(w http.ResponseWriter, r *http.Request) {
+// setNetwork replaces a running sandbox's allowed hosts (protocol 1; its
+// base URLs are kept), or, with sandgate's {"policy": ...}, gives it a
+// whole harness policy, CIDR rules and all.
+func (s *Server) setNetwork(w http.ResponseWriter, r *http.Request) error {
 	name := r.PathValue("name")
-	if _, err := s.m.Sandbox(name); err != nil {
-		writeError(w, errNoSandbox(name))
-		return
+	if _, err := s.b.Get(r.Context(), name); err != nil {
+		return err
 	}
 	o, err := readObject(r, api.MaxJSONBody)
 	if err != nil {
-		writeError(w, err)
-		return
+		return err
 	}
 	nb, err := o.network()
 	if err != nil {
-		writeError(w, err)
-		return
+		return err
 	}
-	var whole *netpolicy.Policy
-	if raw, ok := o["policy"]; ok { // sandgate's: the whole harness policy, CIDRs too
+	spec := appliance.NetworkSpec{AllowedHosts: nb.allowedHosts}
+	if raw, ok := o["policy"]; ok {
 		p, err := netpolicy.ParsePolicy(raw)
 		if err != nil {
-			writeError(w, badRequest("policy: %v", err))
-			return
+			return badRequest("policy: %v", err)
 		}
-		whole = &p
+		spec = appliance.NetworkSpec{Policy: &p}
 	}
-	st := s.state(name)
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	prevHosts, prevPolicy := st.allowedHosts, st.policy
-	st.allowedHosts, st.policy = nb.allowedHosts, whole
-	n, err := s.network(st)
-	if err == nil {
-		err = s.m.SetNetwork(r.Context(), name, n)
-	}
-	if err != nil {
-		st.allowedHosts, st.policy = prevHosts, prevPolicy
-		writeError(w, err)
-		return
+	if err := s.b.SetNetwork(r.Context(), name, spec); err != nil {
+		return err
 	}
 	noContent(w)
+	return nil
 }
 
-func (s *Server) saveTemplate(w http.ResponseWriter, r *http.Request) {
+func (s *Server) saveTemplate(w http.ResponseWriter, r *http.Request) error {
 	name := r.PathValue("name")
 	o, err := readObject(r, api.MaxJSONBody)
 	if err != nil {
-		writeError(w, err)
-		return
+		return err
 	}
 	id, err := o.required("id")
 	if err != nil {
-		writeError(w, err)
-		return
+		return err
 	}
 	if err := checkTemplateName(id); err != nil {
-		writeError(w, err)
-		return
+		return err
 	}
-	if _, err := s.m.Sandbox(name); err != nil {
-		writeError(w, errNoSandbox(name))
-		return
-	}
-	if err := s.m.SaveTemplate(r.Context(), name, id); err != nil {
-		writeError(w, err)
-		return
+	if err := s.b.SaveTemplate(r.Context(), name, id); err != nil {
+		return err
 	}
 	noContent(w)
+	return nil
 }
 
-func (s *Server) templateExists(w http.ResponseWriter, r *http.Request) {
+func (s *Server) templateExists(w http.ResponseWriter, r *http.Request) error {
 	id := r.PathValue("id")
 	if err := checkTemplateName(id); err != nil {
-		writeError(w, err)
-		return
+		return err
 	}
-	ok, err := s.m.TemplateExists(r.Context(), id)
+	ok, err := s.b.TemplateExists(r.Context(), id)
 	if err != nil {
-		writeError(w, err)
-		return
+		return err
 	}
 	if !ok {
-		writeJSON(w, http.StatusNotFound, api.Error{Error: "no template " + id + " in this service's namespace (" + s.m.Namespace() + ")"})
-		return
+		return errorf(http.StatusNotFound, "no template %s in this service's namespace (%s)", id, s.b.Namespace())
 	}
 	writeJSON(w, http.StatusOK, map[string]string{"id": id})
+	return nil
 }
 
-func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) {
-	list, err := s.m.ListTemplates(r.Context())
+func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) error {
+	list, err := s.b.ListTemplates(r.Context())
 	if err != nil {
-		writeError(w, err)
-		return
+		return err
 	}
 	out := api.TemplateList{Templates: []api.Template{}}
 	for _, t := range list {
 		out.Templates = append(out.Templates, api.Template{ID: t.Name, Created: t.Created.UTC().Truncate(time.Millisecond), LayerBytes: t.LayerBytes})
 	}
 	writeJSON(w, http.StatusOK, out)
+	return nil
 }
 
-func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) {
+func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) error {
 	id := r.PathValue("id")
 	if err := checkTemplateName(id); err != nil {
-		writeError(w, err)
-		return
+		return err
 	}
-	if err := s.m.DeleteTemplate(r.Context(), id); err != nil {
-		writeError(w, err)
-		return
+	if err := s.b.DeleteTemplate(r.Context(), id); err != nil {
+		return err
 	}
 	noContent(w)
+	return nil
 }
 
 // sandboxInfo is the wire form of a sandbox (never a secret).
@@ -253,6 +191,7 @@ func (s *Server) sandboxInfo(in appliance.Info) api.Sandbox {
 	out := api.Sandbox{
 		Name: in.ID, State: string(in.State), Created: in.Created, LayerBytes: in.LayerBytes, Template: in.Template,
 		BaseURLs: in.BaseURLs, Home: sandboxDir(s.cfg.Home, in.ID), WorkDir: sandboxDir(s.cfg.WorkDir, in.ID),
+		Ports: in.OpenPorts,
 	}
 	if !in.LastActive.IsZero() {
 		t := in.LastActive.UTC().Truncate(time.Millisecond)
@@ -261,93 +200,60 @@ func (s *Server) sandboxInfo(in appliance.Info) api.Sandbox {
 	if in.Policy != nil {
 		out.Policy = in.Policy
 	}
-	s.mu.Lock()
-	if st := s.boxes[in.ID]; st != nil {
-		st.pmu.Lock()
-		for p, n := range st.ports {
-			if n > 0 {
-				out.Ports = append(out.Ports, p)
-			}
-		}
-		st.pmu.Unlock()
+	for _, m := range in.Modules {
+		out.Modules = append(out.Modules, api.Module{Name: m.Name, Digest: m.Digest, Bytes: m.Bytes})
 	}
-	s.mu.Unlock()
-	slices.Sort(out.Ports)
 	return out
 }
 
-func (s *Server) list(w http.ResponseWriter, r *http.Request) {
-	infos, err := s.m.List(r.Context())
+func (s *Server) list(w http.ResponseWriter, r *http.Request) error {
+	infos, err := s.b.List(r.Context())
 	if err != nil {
-		writeError(w, err)
-		return
+		return err
 	}
 	out := api.SandboxList{Sandboxes: []api.Sandbox{}}
 	for _, in := range infos {
 		out.Sandboxes = append(out.Sandboxes, s.sandboxInfo(in))
 	}
 	writeJSON(w, http.StatusOK, out)
+	return nil
 }
 
-func (s *Server) get(w http.ResponseWriter, r *http.Request) {
+func (s *Server) get(w http.ResponseWriter, r *http.Request) error {
 	name := r.PathValue("name")
 	if err := checkSandboxName(name); err != nil {
-		writeError(w, err)
-		return
+		return err
 	}
-	in, err := s.m.Get(r.Context(), name)
+	in, err := s.b.Get(r.Context(), name)
 	if err != nil {
-		writeError(w, err)
-		return
+		return err
 	}
 	writeJSON(w, http.StatusOK, s.sandboxInfo(in))
+	return nil
 }
 
-func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
+// fork copies a sandbox: a running one's copy runs with its network (its
+// credentials stay with it), a suspended one's is suspended.
+func (s *Server) fork(w http.ResponseWriter, r *http.Request) error {
 	src := r.PathValue("name")
 	if err := checkSandboxName(src); err != nil {
-		writeError(w, err)
-		return
+		return err
 	}
 	o, err := readObject(r, api.MaxJSONBody)
 	if err != nil {
-		writeError(w, err)
-		return
+		return err
 	}
 	dst, err := o.required("name")
 	if err != nil {
-		writeError(w, err)
-		return
+		return err
 	}
 	if err := checkSandboxName(dst); err != nil {
-		writeError(w, err)
-		return
+		return err
 	}
-	// The copy gets the source's network (its credentials stay with it).
-	var n *appliance.Network
-	var fromSrc *sandboxState
-	if _, err := s.m.Sandbox(src); err == nil {
-		st := s.state(src)
-		st.mu.Lock()
-		cp := &sandboxState{allowedHosts: st.allowedHosts, baseURLs: st.baseURLs, policy: st.policy}
-		st.mu.Unlock()
-		nn, err := s.network(cp)
-		if err != nil {
-			writeError(w, err)
-			return
-		}
-		n = &nn
-		fromSrc = cp
-	}
-	state, err := s.m.Fork(r.Context(), src, dst, appliance.ForkOptions{Network: n, Agent: s.agentConfig(dst)})
+	state, err := s.b.Fork(r.Context(), src, dst, appliance.ForkOptions{Agent: s.agentConfig(dst)})
 	if err != nil {
-		writeError(w, err)
-		return
-	}
-	if fromSrc != nil {
-		s.mu.Lock()
-		s.boxes[dst] = &sandboxState{allowedHosts: fromSrc.allowedHosts, baseURLs: fromSrc.baseURLs, policy: fromSrc.policy, procs: map[string]*process{}, ports: map[int]int{}}
-		s.mu.Unlock()
+		return err
 	}
 	writeJSON(w, http.StatusCreated, api.ForkResult{Name: dst, State: string(state), Home: sandboxDir(s.cfg.Home, dst), WorkingDirectory: sandboxDir(s.cfg.WorkDir, dst)})
+	return nil
 }

@@ -1,20 +1,23 @@
 // Package server is sandgate's HTTP service over the lifecycle manager:
-// protocol 1 of ai-sdk-sandbox-cloud-run exactly (so its TypeScript client
-// works unchanged) and sandgate's own routes beside it under /v1. Handlers
-// parse, call the manager or a sandbox, and write; what an error means
-// becomes a status in one place (status).
+// protocol 1 of ai-sdk-sandbox-cloud-run (so its TypeScript client works
+// unchanged) and sandgate's own routes beside it under /v1. It keeps no
+// state of its own about a sandbox: handlers parse, call the Backend, and
+// write; a handler returns its error, and what an error means becomes a
+// status in one place (status).
 package server
 
 import (
+	"context"
 	"crypto/sha256"
 	"crypto/subtle"
+	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/netip"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -22,13 +25,13 @@ import (
 
 	"github.com/sandgate/sandgate/api"
 	"github.com/sandgate/sandgate/appliance"
-	"github.com/sandgate/sandgate/relay/audit"
-	"github.com/sandgate/sandgate/transforms/wasm"
+	"github.com/sandgate/sandgate/appliance/agent"
 )
 
-// Config is what a Server serves. Manager is required.
+// Config is what a Server serves. Backend is required.
 type Config struct {
-	Manager *appliance.Manager
+	// Backend runs the sandboxes: the lifecycle manager.
+	Backend Backend
 	// Token, when not empty, is the service token every request and
 	// tunnel must carry (compared in constant time).
 	Token string
@@ -48,30 +51,13 @@ type Config struct {
 	Home, WorkDir string
 	// Path is the PATH of sandbox commands; default the usual system one.
 	Path string
-	// AllowedHosts are the hosts every sandbox may reach (the service's
-	// SANDBOX_ALLOWED_HOSTS), as written: the effective list of a sandbox
-	// is these plus its own.
-	AllowedHosts []string
-	// BaseURLs are the base URL variables every sandbox gets, overlaid by
-	// its own (SANDBOX_BASE_URLS).
-	BaseURLs map[string]string
 	// EgressPort is the relay's port inside sandboxes; 0 picks one.
 	EgressPort int
-	// Audit, when set, serves /v1/sandboxes/{name}/audit.
-	Audit *audit.Rings
-	// Modules, when set, loads the sandboxes' own transform modules
-	// (PUT /v1/sandboxes/{name}/modules).
-	Modules *wasm.Runtime
 	// Metrics, when set, is served at /metrics, with the server's own
 	// metrics registered on it.
 	Metrics *prometheus.Registry
-	// OutputBytes is how much of each process's output is kept for
-	// resumable output; default 8 MiB. ProcessRetention is how long an
-	// exited process is remembered; default 10 minutes. WaitTimeout is
-	// the longest a wait call waits; default 5 minutes.
-	OutputBytes      int
-	ProcessRetention time.Duration
-	WaitTimeout      time.Duration
+	// WaitTimeout is the longest a wait call waits; default 5 minutes.
+	WaitTimeout time.Duration
 	// Logger receives the server's events; nil discards. Commands, their
 	// variables and credentials are never logged.
 	Logger *slog.Logger
@@ -85,13 +71,7 @@ func (c Config) withDefaults() Config {
 		c.WorkDir = "/workspace"
 	}
 	if c.Path == "" {
-		c.Path = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-	}
-	if c.OutputBytes <= 0 {
-		c.OutputBytes = 8 << 20
-	}
-	if c.ProcessRetention <= 0 {
-		c.ProcessRetention = 10 * time.Minute
+		c.Path = agent.DefaultPath
 	}
 	if c.WaitTimeout <= 0 {
 		c.WaitTimeout = 5 * time.Minute
@@ -105,40 +85,44 @@ func (c Config) withDefaults() Config {
 // Server is the HTTP service. It is an http.Handler.
 type Server struct {
 	cfg      Config
-	m        *appliance.Manager
+	b        Backend
 	mux      *http.ServeMux
 	token    [32]byte // sha256 of the token
 	log      *slog.Logger
 	met      *serverMetrics
 	patterns []string // every route, for the OpenAPI check
-	stop     chan struct{}
-
-	mu    sync.Mutex
-	boxes map[string]*sandboxState
 }
 
-// New builds the server; a malformed service setting is an error naming it.
+// New builds the server.
 func New(cfg Config) (*Server, error) {
+	if cfg.Backend == nil {
+		return nil, errors.New("server: Config needs a Backend")
+	}
 	cfg = cfg.withDefaults()
-	s := &Server{cfg: cfg, m: cfg.Manager, mux: http.NewServeMux(), log: cfg.Logger, boxes: map[string]*sandboxState{}, stop: make(chan struct{})}
+	s := &Server{cfg: cfg, b: cfg.Backend, mux: http.NewServeMux(), log: cfg.Logger}
 	s.token = sha256.Sum256([]byte(cfg.Token))
 	s.met = newServerMetrics(cfg.Metrics)
-	if _, err := s.policyFor(nil, nil, nil); err != nil {
-		return nil, err
-	}
 	s.routes()
-	go s.janitor()
 	return s, nil
 }
 
-// Close stops the server's housekeeping. It does not stop the manager or
-// an http.Server serving it.
-func (s *Server) Close() { close(s.stop) }
+// Close does nothing: the server keeps nothing that needs stopping (the
+// backend and an http.Server serving it are their owners' to stop). It
+// is kept for callers written when it did.
+func (s *Server) Close() {}
+
+// handler is a route's handler: it writes its answer, or returns the
+// error that is the answer (written by route, through status).
+type handler func(w http.ResponseWriter, r *http.Request) error
 
 // route registers one route.
-func (s *Server) route(pattern string, h http.HandlerFunc) {
+func (s *Server) route(pattern string, h handler) {
 	s.patterns = append(s.patterns, pattern)
-	s.mux.Handle(pattern, s.met.instrument(pattern, h))
+	s.mux.Handle(pattern, s.met.instrument(pattern, func(w http.ResponseWriter, r *http.Request) {
+		if err := h(w, r); err != nil {
+			writeError(w, err)
+		}
+	}))
 }
 
 func (s *Server) routes() {
@@ -173,7 +157,8 @@ func (s *Server) routes() {
 	s.route("GET /v1/sandboxes/{name}/audit", s.audit)
 	s.route("GET /v1/sandboxes/{name}/tcp/{port}", s.tcpBridge)
 	if s.cfg.Metrics != nil {
-		s.route("GET /metrics", promhttp.HandlerFor(s.cfg.Metrics, promhttp.HandlerOpts{}).ServeHTTP)
+		metrics := promhttp.HandlerFor(s.cfg.Metrics, promhttp.HandlerOpts{})
+		s.route("GET /metrics", func(w http.ResponseWriter, r *http.Request) error { metrics.ServeHTTP(w, r); return nil })
 	}
 }
 
@@ -278,8 +263,34 @@ func (r *statusRecorder) Header() http.Header         { return r.header }
 func (r *statusRecorder) Write(p []byte) (int, error) { return len(p), nil }
 func (r *statusRecorder) WriteHeader(code int)        { r.code = code }
 
-func (s *Server) health(w http.ResponseWriter, r *http.Request) {
+func (s *Server) health(w http.ResponseWriter, r *http.Request) error {
 	writeJSON(w, http.StatusOK, api.Health{Status: "ok", Protocol: api.ProtocolVersion, Version: s.cfg.Version})
+	return nil
+}
+
+// mustRun says whether sandbox name runs: protocol 1's "not running"
+// (404), checked before a route reads its body.
+func (s *Server) mustRun(ctx context.Context, name string) error {
+	in, err := s.b.Get(ctx, name)
+	if err != nil {
+		return err
+	}
+	if in.State == appliance.Suspended {
+		return fmt.Errorf("%w: sandbox %q is suspended (resume it)", appliance.ErrNotRunning, name)
+	}
+	return nil
+}
+
+// agentConfig is what every sandbox's agent starts with: the service's
+// PATH and the sandbox's home, the relay port, and no base URLs of its
+// own (each command gets the sandbox's from the manager).
+func (s *Server) agentConfig(name string) *agent.Config {
+	return &agent.Config{
+		RelayAddr:    fmt.Sprintf("127.0.0.1:%d", s.cfg.EgressPort),
+		Path:         s.cfg.Path,
+		Home:         sandboxDir(s.cfg.Home, name),
+		OnlyBaseURLs: true,
+	}
 }
 
 // sandboxDir expands {sandbox} in a configured directory.

@@ -23,6 +23,7 @@ import (
 
 	"github.com/sandgate/sandgate/api"
 	"github.com/sandgate/sandgate/internal/gobuild"
+	"github.com/sandgate/sandgate/internal/stacktest"
 	"github.com/sandgate/sandgate/internal/syncbuf"
 	"github.com/sandgate/sandgate/transforms/wasm"
 )
@@ -694,14 +695,15 @@ while True:
 	}
 }
 
-// A sandbox's own WebAssembly module runs on its routes.
+// A sandbox's own WebAssembly module runs on its routes, is listed in its
+// description, and survives a suspend and resume.
 func TestModulesRoute(t *testing.T) {
 	rt, err := wasm.NewRuntime(context.Background(), wasm.Config{CacheDir: gobuild.WasmCache(t), CallTimeout: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { rt.Close(context.Background()) })
-	r := newRig(t, func(c *Config) { c.Modules = rt })
+	r := newRigOn(t, stacktest.Config{Modules: rt}, nil)
 	r.create("box", nil)
 	mod, err := os.ReadFile(gobuild.Wasm(t, "github.com/sandgate/sandgate/wasm-examples/deny-path"))
 	if err != nil {
@@ -712,11 +714,30 @@ func TestModulesRoute(t *testing.T) {
 	curl := func(path string) string {
 		return r.exec("box", `curl -sS -o /dev/null -w '%{http_code}' "$ANTHROPIC_BASE_URL`+path+`"`, nil).stdout
 	}
+	listed := func() []api.Module {
+		var in api.Sandbox
+		if err := json.Unmarshal([]byte(r.must(200, "GET", "/v1/sandboxes/box", nil)), &in); err != nil {
+			t.Fatal(err)
+		}
+		return in.Modules
+	}
 	if got := curl("/admin/x"); got != "403" {
 		t.Errorf("a path the module denies: %q", got)
 	}
 	if got := curl("/v1/ok"); got != "200" {
 		t.Errorf("a path it lets through: %q", got)
+	}
+	if m := listed(); len(m) != 1 || m[0].Name != "deny-path" || !strings.HasPrefix(m[0].Digest, "sha256:") || m[0].Bytes != len(mod) {
+		t.Errorf("the sandbox's description lists modules %+v; want deny-path", m)
+	}
+	// Suspended, the module is kept with the sandbox; resumed, it runs.
+	r.must(204, "POST", "/v1/sandboxes/box/suspend", nil)
+	if m := listed(); len(m) != 1 || m[0].Name != "deny-path" {
+		t.Errorf("a suspended sandbox's modules: %+v", m)
+	}
+	r.must(200, "POST", "/v1/sandboxes/box/resume", map[string]any{})
+	if got := curl("/admin/x"); got != "403" {
+		t.Errorf("after suspend and resume, a path the module denies: %q", got)
 	}
 	bad := map[string]any{"modules": []any{map[string]string{"name": "x", "wasm": base64.StdEncoding.EncodeToString([]byte("not wasm"))}}}
 	if code, _, _ := r.do("PUT", "/v1/sandboxes/box/modules", bad); code != 400 {
@@ -725,6 +746,9 @@ func TestModulesRoute(t *testing.T) {
 	r.must(204, "PUT", "/v1/sandboxes/box/modules", map[string]any{"modules": []any{}})
 	if got := curl("/admin/x"); got != "200" {
 		t.Errorf("after removing the module: %q", got)
+	}
+	if m := listed(); len(m) != 0 {
+		t.Errorf("after removing the module, the description lists %+v", m)
 	}
 }
 

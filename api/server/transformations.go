@@ -102,19 +102,6 @@ func heldSecret(value string) (scheme, secret string, ok bool) {
 	return scheme, secret, len(secret) >= 12
 }
 
-// heldSecrets lists the held secrets of a sandbox's transformations.
-func heldSecrets(ts []transformation) []string {
-	var out []string
-	for _, t := range ts {
-		for _, h := range t.headers {
-			if _, s, ok := heldSecret(h.value); ok {
-				out = append(out, s)
-			}
-		}
-	}
-	return out
-}
-
 // rules turns transformations into sandgate's credential rules. A held
 // secret becomes a secret of the rule (set on the way out, scrubbed back
 // out of the answer): its placeholder is the value the rule's own header
@@ -187,58 +174,37 @@ func placeholderFor(match json.RawMessage, name, scheme string) string {
 	return ""
 }
 
-// transformationsRoute is POST (add) and PUT (replace).
-func (s *Server) transformationsRoute(w http.ResponseWriter, r *http.Request, replace bool) {
+// transformationsRoute is POST (add) and PUT (replace): protocol 1's
+// transformations become sandgate's credential rules, which the backend
+// holds (in memory only) and applies.
+func (s *Server) transformationsRoute(w http.ResponseWriter, r *http.Request, replace bool) error {
 	name := r.PathValue("name")
-	sb, err := s.m.Sandbox(name)
-	if err != nil {
-		writeError(w, errNoSandbox(name))
-		return
+	if _, err := s.b.Get(r.Context(), name); err != nil {
+		return err
 	}
 	o, err := readObject(r, 1<<20)
 	if err != nil {
-		writeError(w, err)
-		return
+		return err
 	}
 	ts, err := parseTransformations(o)
 	if err != nil {
-		writeError(w, err)
-		return
+		return err
 	}
-	st := s.state(name)
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	all := ts
-	if !replace {
-		all = append(append([]transformation(nil), st.rules...), ts...)
-	}
-	rs, err := rules(all)
+	rs, err := rules(ts)
 	if err != nil {
-		writeError(w, err)
-		return
+		return err
 	}
-	prev := st.rules
-	st.rules = all
-	n, err := s.network(st)
-	if err != nil {
-		st.rules = prev
-		writeError(w, err)
-		return
+	if err := s.b.SetRules(r.Context(), name, rs, !replace); err != nil {
+		return err
 	}
-	if err := s.m.SetNetwork(r.Context(), name, n); err != nil {
-		st.rules = prev
-		writeError(w, err)
-		return
-	}
-	sb.Relay().Transforms().Set(rs...)
-	st.guard = transforms.NewGuard(heldSecrets(all)...)
 	noContent(w)
+	return nil
 }
 
-func (s *Server) addTransformations(w http.ResponseWriter, r *http.Request) {
-	s.transformationsRoute(w, r, false)
+func (s *Server) addTransformations(w http.ResponseWriter, r *http.Request) error {
+	return s.transformationsRoute(w, r, false)
 }
 
-func (s *Server) setTransformations(w http.ResponseWriter, r *http.Request) {
-	s.transformationsRoute(w, r, true)
+func (s *Server) setTransformations(w http.ResponseWriter, r *http.Request) error {
+	return s.transformationsRoute(w, r, true)
 }

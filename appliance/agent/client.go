@@ -340,6 +340,10 @@ type Cmd struct {
 	// top of the sandbox's environment; see README.md for what every
 	// command gets and what it cannot change.
 	Env []string
+	// BaseURLs, when not nil, are the base URL variables the command gets
+	// (routed through the relay, RouteBaseURL) instead of the agent's
+	// configured ones: the service passes the sandbox's current ones.
+	BaseURLs map[string]string
 	// Dir is the working directory (absolute); empty means HOME.
 	Dir string
 	// Stdin, when set, is copied to the command's stdin, then EOF. Nil
@@ -403,7 +407,8 @@ func (c *Client) Spawn(ctx context.Context, cmd Cmd) (*Process, error) {
 		return nil, &Error{Op: "exec", Code: codeInvalid, Message: "Cmd.Stdin and Cmd.StdinPipe both set: choose one"}
 	}
 	req := request{Op: "exec", Args: cmd.Args, Env: cmd.Env, Dir: cmd.Dir,
-		Stdin: cmd.Stdin != nil || cmd.StdinPipe, WaitDelayMS: cmd.WaitDelay.Milliseconds()}
+		Stdin: cmd.Stdin != nil || cmd.StdinPipe, WaitDelayMS: cmd.WaitDelay.Milliseconds(),
+		BaseURLs: cmd.BaseURLs, HasBaseURLs: cmd.BaseURLs != nil}
 	if cmd.WaitDelay > 0 && req.WaitDelayMS == 0 {
 		req.WaitDelayMS = 1
 	}

@@ -45,6 +45,18 @@ func (s *server) exec(st *yamux.Stream, f *framer, req request, cfg *resolved, r
 			return
 		}
 	}
+	if req.HasBaseURLs {
+		c := *cfg
+		c.baseURLs = map[string]string{}
+		for k, v := range req.BaseURLs {
+			if !validEnvName(k) || isProxyVar(k) || strings.EqualFold(k, "NO_PROXY") {
+				fail(invalid("exec: base URL variable %q: not a base URL variable name", k))
+				return
+			}
+			c.baseURLs[k] = v
+		}
+		cfg = &c
+	}
 	env, err := cfg.commandEnv(relay, req.Env)
 	if err != nil {
 		fail(err)

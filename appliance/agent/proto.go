@@ -53,6 +53,11 @@ type request struct {
 	Dir         string   `json:"dir,omitempty"`
 	Stdin       bool     `json:"stdin,omitempty"`
 	WaitDelayMS int64    `json:"waitDelayMs,omitempty"`
+	// BaseURLs, when set (HasBaseURLs), replace the agent's configured
+	// base URLs for this command: the service's current ones, which a
+	// change of the sandbox's network changes between commands.
+	BaseURLs    map[string]string `json:"baseUrls,omitempty"`
+	HasBaseURLs bool              `json:"hasBaseUrls,omitempty"`
 
 	// signal, killall
 	ID     uint64 `json:"id,omitempty"`

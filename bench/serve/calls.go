@@ -16,7 +16,6 @@ import (
 	"github.com/sandgate/sandgate/appliance"
 	"github.com/sandgate/sandgate/appliance/agent"
 	"github.com/sandgate/sandgate/bench/internal/benchkit"
-	"github.com/sandgate/sandgate/netpolicy"
 )
 
 // exec runs command in sandbox name through the protocol 1 exec route, as
@@ -90,7 +89,7 @@ func (r *rig) execOK(ctx context.Context, name, command string) error {
 // directory.
 func (r *rig) directCreate(ctx context.Context, name, template string) error {
 	_, err := r.m.Create(ctx, name, appliance.CreateOptions{
-		Network:  appliance.Network{Policy: netpolicy.Policy{Mode: netpolicy.Custom}, BaseURLs: map[string]string{}},
+		Network:  appliance.NetworkSpec{BaseURLs: map[string]string{}},
 		Template: template,
 		Agent:    &agent.Config{RelayAddr: "127.0.0.1:3128", Path: agent.DefaultPath, Home: "/home/agent", OnlyBaseURLs: true},
 		Dirs:     []string{"/home/agent", "/workspace"},

@@ -102,12 +102,12 @@ func newRig() (_ *rig, err error) {
 	reg := prometheus.NewRegistry()
 	if r.m, err = appliance.NewManager(context.Background(), appliance.ManagerConfig{
 		Launcher: r.launcher, Proxy: proxy, Store: st, Version: "bench", WorkDir: filepath.Join(r.dir, "work"),
-		IdleSuspend: -1, Metrics: reg,
+		IdleSuspend: -1, Metrics: reg, BaseURLs: map[string]string{},
 	}); err != nil {
 		return nil, err
 	}
 	r.closers = append(r.closers, r.removeSandboxes)
-	if r.srv, err = server.New(server.Config{Manager: r.m, Token: token, Version: "bench", EgressPort: 3128, Metrics: reg}); err != nil {
+	if r.srv, err = server.New(server.Config{Backend: r.m, Token: token, Version: "bench", EgressPort: 3128, Metrics: reg}); err != nil {
 		return nil, err
 	}
 	r.closers = append(r.closers, r.srv.Close)

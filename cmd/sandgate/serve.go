@@ -146,7 +146,7 @@ func checkServe(c *cli.Context) (*serveConfig, error) {
 			sc.allowedHosts = append(sc.allowedHosts, h)
 		}
 	}
-	sc.baseURLs = map[string]string{"ANTHROPIC_BASE_URL": "https://api.anthropic.com", "OPENAI_BASE_URL": "https://api.openai.com/v1"}
+	sc.baseURLs = agent.DefaultBaseURLs()
 	if c.IsSet("base-urls") {
 		sc.baseURLs = map[string]string{}
 		for _, e := range strings.Split(c.String("base-urls"), ",") {
@@ -296,16 +296,19 @@ func runServe(c *cli.Context) error {
 	m, err := appliance.NewManager(ctx, appliance.ManagerConfig{
 		Launcher: l, Proxy: pp.proxy, Store: st, ImageID: sc.imageID, Version: serveVersion(),
 		WorkDir: filepath.Join(state, "work"), MaxRunning: c.Int("max-sandboxes"), IdleSuspend: idle,
-		Logger: logger, Metrics: pp.reg,
+		AllowedHosts: sc.allowedHosts, BaseURLs: sc.baseURLs, OutputBytes: int(sc.outputBytes),
+		Modules: pp.runtime, Audit: rings, Logger: logger, Metrics: pp.reg,
 	})
+	if errors.Is(err, appliance.ErrBadInput) {
+		return badInput("%v", err)
+	}
 	if err != nil {
 		return err
 	}
 	srvh, err := server.New(server.Config{
-		Manager: m, Token: c.String("token"), LocalOnly: loopback && c.String("token") == "", LocalHosts: splitAll([]string{c.String("local-hostnames")}), Version: serveVersion(),
+		Backend: m, Token: c.String("token"), LocalOnly: loopback && c.String("token") == "", LocalHosts: splitAll([]string{c.String("local-hostnames")}), Version: serveVersion(),
 		Home: c.String("home"), WorkDir: c.String("workdir"), Path: c.String("path"),
-		AllowedHosts: sc.allowedHosts, BaseURLs: sc.baseURLs, EgressPort: c.Int("egress-port"),
-		Audit: rings, Modules: pp.runtime, Metrics: pp.reg, OutputBytes: int(sc.outputBytes), Logger: logger,
+		EgressPort: c.Int("egress-port"), Metrics: pp.reg, Logger: logger,
 	})
 	if err != nil {
 		return badInput("%v", err)

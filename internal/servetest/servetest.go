@@ -75,8 +75,7 @@ func Start(cfg Config) (s *Service, err error) {
 		s.Token = ""
 	}
 	scfg := server.Config{
-		Manager: s.Manager, Token: s.Token, Version: "test", Audit: st.Rings, Logger: st.Logger,
-		BaseURLs:   map[string]string{"ANTHROPIC_BASE_URL": "https://" + UpstreamHost},
+		Backend: s.Manager, Token: s.Token, Version: "test", Logger: st.Logger,
 		EgressPort: 0, WaitTimeout: 2 * time.Second,
 	}
 	if cfg.Tweak != nil {

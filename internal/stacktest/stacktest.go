@@ -38,6 +38,7 @@ import (
 	"github.com/sandgate/sandgate/relay/audit"
 	"github.com/sandgate/sandgate/snapshot"
 	"github.com/sandgate/sandgate/snapshot/store"
+	"github.com/sandgate/sandgate/transforms/wasm"
 )
 
 // UpstreamHost is the name the stack's DNS server gives the HTTPS
@@ -64,6 +65,11 @@ type Config struct {
 	Dir string
 	// Rings is the audit events kept per sandbox; 0 means 200.
 	Rings int
+	// BaseURLs are the base URLs every sandbox gets; nil means
+	// ANTHROPIC_BASE_URL at the upstream.
+	BaseURLs map[string]string
+	// Modules, when set, compiles sandboxes' own WebAssembly modules.
+	Modules *wasm.Runtime
 }
 
 // Stack is a running stack. Close it when done.
@@ -97,10 +103,11 @@ func Start(cfg Config) (s *Stack, err error) {
 	if ok, why := CanRun(); !ok {
 		return nil, errors.New(why)
 	}
-	s = &Stack{Log: &syncbuf.Buffer{}}
+	made := &Stack{Log: &syncbuf.Buffer{}}
+	s = made
 	defer func() {
 		if err != nil {
-			s.Close()
+			made.Close() // s is nil by then
 		}
 	}()
 	s.Logger = slog.New(slog.NewJSONHandler(s.Log, nil))
@@ -183,8 +190,13 @@ func Start(cfg Config) (s *Stack, err error) {
 	if s.Store, err = store.NewDir(s.StoreDir); err != nil {
 		return nil, err
 	}
+	urls := cfg.BaseURLs
+	if urls == nil {
+		urls = map[string]string{"ANTHROPIC_BASE_URL": "https://" + UpstreamHost}
+	}
 	s.Manager, err = appliance.NewManager(context.Background(), appliance.ManagerConfig{
 		Launcher: s.Launcher, Proxy: proxy, Store: s.Store, Version: "test", WorkDir: s.WorkDir, IdleSuspend: -1, Logger: s.Logger,
+		BaseURLs: urls, Audit: s.Rings, Modules: cfg.Modules,
 	})
 	if err != nil {
 		return nil, err

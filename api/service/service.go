@@ -1,0 +1,239 @@
+// Package service assembles sandgate's appliance as one value: the
+// resolver, the decider, the egress proxy with its audit and modules, the
+// launcher, the lifecycle manager over the store, and the HTTP server; and
+// stops them in one bounded order. `sandgate serve`, the test stacks and
+// the benchmarks all build it, so what the tests run is what runs.
+package service
+
+import (
+	"context"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/sandgate/sandgate/api/server"
+	"github.com/sandgate/sandgate/appliance"
+	"github.com/sandgate/sandgate/netpolicy"
+	"github.com/sandgate/sandgate/relay"
+	"github.com/sandgate/sandgate/relay/audit"
+	"github.com/sandgate/sandgate/snapshot/store"
+	"github.com/sandgate/sandgate/transforms/wasm"
+)
+
+// Config is what a Service is built from. Store is required; the zero
+// value of the rest is a working service (sandboxes reach nothing but
+// their base URLs, resolved with /etc/resolv.conf's servers).
+type Config struct {
+	// DNSServers are the servers the proxy resolves with (IP or IP:port);
+	// empty means /etc/resolv.conf's.
+	DNSServers []string
+	// AllowPrivate exempts address ranges from the refusal of private,
+	// loopback and other special addresses: tests, and operators who open
+	// a private network on purpose. Empty in production.
+	AllowPrivate []netip.Prefix
+	// UpstreamRoots verify upstreams' certificates; nil means the system's.
+	UpstreamRoots *x509.CertPool
+	// AuditLog receives every egress decision as a JSON line; nil none.
+	AuditLog io.Writer
+	// AuditKeep is how many events are kept per sandbox for the API; 0
+	// means 1000.
+	AuditKeep int
+	// Modules compiles sandboxes' own WebAssembly modules and runs
+	// ServiceModules, every sandbox's routes' service-wide modules (run
+	// before its own); nil means none. The caller owns both: it closes them
+	// after Shutdown.
+	Modules        *wasm.Runtime
+	ServiceModules *wasm.Chain
+	// Store holds snapshots and templates. The service owns it from New
+	// on: Shutdown closes it (New does too, when it fails).
+	Store store.Store
+	// Launcher configures the sandbox CLI.
+	Launcher appliance.LauncherConfig
+	// Manager configures the lifecycle; its Launcher, Proxy, Store, Audit,
+	// Modules, Logger and Metrics are the service's.
+	Manager appliance.ManagerConfig
+	// Server configures the HTTP service; its Backend, Metrics and Logger
+	// are the service's.
+	Server server.Config
+	// Logger receives the service's events (JSON lines Cloud Logging
+	// reads, or text); nil discards.
+	Logger *slog.Logger
+	// Metrics is the registry /metrics serves; nil makes one with the Go
+	// runtime's and the process's collectors.
+	Metrics *prometheus.Registry
+}
+
+// Service is an assembled appliance. Its fields are its parts, for
+// callers that need one (a test reading the manager, a bench timing the
+// proxy); they are not to be stopped one by one: Shutdown stops them all.
+type Service struct {
+	Resolver *netpolicy.DNSResolver
+	Decider  *netpolicy.Decider
+	Proxy    *relay.Proxy
+	Audit    *audit.Rings
+	Launcher *appliance.Launcher
+	Manager  *appliance.Manager
+	Server   *server.Server
+	Metrics  *prometheus.Registry
+
+	store store.Store
+	log   *slog.Logger
+
+	mu       sync.Mutex
+	hs       *http.Server
+	ln       net.Listener
+	shutdown bool
+}
+
+// New assembles a service: the resolver, the decider, the proxy, the
+// launcher, the manager (which recovers what a previous run left) and the
+// HTTP server. A bad setting is an error naming it (appliance.ErrBadInput
+// for a caller's mistake).
+func New(ctx context.Context, cfg Config) (_ *Service, err error) {
+	if cfg.Store == nil {
+		return nil, errors.New("service: Config needs a Store")
+	}
+	s := &Service{store: cfg.Store, log: cfg.Logger, Metrics: cfg.Metrics}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	defer func() {
+		if err != nil {
+			s.close()
+		}
+	}()
+	if s.Metrics == nil {
+		s.Metrics = prometheus.NewRegistry()
+		s.Metrics.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	}
+	servers := cfg.DNSServers
+	if len(servers) == 0 {
+		if servers, err = netpolicy.ServersFromResolvConf("/etc/resolv.conf"); err != nil {
+			return nil, fmt.Errorf("no DNS servers given (SANDBOX_DNS) and /etc/resolv.conf is unusable: %w", err)
+		}
+	}
+	if s.Resolver, err = netpolicy.NewDNSResolver(netpolicy.ResolverConfig{Servers: servers}); err != nil {
+		return nil, fmt.Errorf("%w: DNS servers (SANDBOX_DNS): %v", appliance.ErrBadInput, err)
+	}
+	s.Decider = &netpolicy.Decider{Resolver: s.Resolver, AllowPrivate: cfg.AllowPrivate}
+	for _, p := range cfg.AllowPrivate {
+		s.log.Warn("address-class refusal disabled for a range: sandboxes may reach it", "cidr", p.String())
+	}
+	keep := cfg.AuditKeep
+	if keep <= 0 {
+		keep = 1000
+	}
+	s.Audit = audit.NewRings(keep)
+	metrics := audit.NewMetrics(s.Metrics)
+	sinks := audit.Multi{metrics, s.Audit}
+	if cfg.AuditLog != nil {
+		sinks = append(audit.Multi{audit.NewJSONLines(cfg.AuditLog)}, sinks...)
+	}
+	if s.Proxy, err = relay.New(relay.Config{
+		Decider: s.Decider, Audit: sinks, Metrics: metrics, Logger: s.log,
+		UpstreamRoots: cfg.UpstreamRoots, Modules: cfg.ServiceModules,
+	}); err != nil {
+		return nil, err
+	}
+	lc := cfg.Launcher
+	if lc.Logger == nil {
+		lc.Logger = s.log
+	}
+	if s.Launcher, err = appliance.NewLauncher(lc); err != nil {
+		return nil, err
+	}
+	mc := cfg.Manager
+	mc.Launcher, mc.Proxy, mc.Store, mc.Audit, mc.Modules, mc.Logger, mc.Metrics = s.Launcher, s.Proxy, cfg.Store, s.Audit, cfg.Modules, s.log, s.Metrics
+	if s.Manager, err = appliance.NewManager(ctx, mc); err != nil {
+		return nil, err
+	}
+	sc := cfg.Server
+	sc.Backend, sc.Metrics, sc.Logger = s.Manager, s.Metrics, s.log
+	if s.Server, err = server.New(sc); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// Handler is the HTTP service: protocol 1 and sandgate's /v1.
+func (s *Service) Handler() http.Handler { return s.Server }
+
+// Serve serves the HTTP service on ln, as `sandgate serve` does: HTTP/1.1
+// and HTTP/2 without TLS (Cloud Run's front end speaks it to the container
+// when the service uses --use-http2, which lifts its 32 MiB cap on HTTP/1
+// request bodies). It returns http.ErrServerClosed once Shutdown began.
+func (s *Service) Serve(ln net.Listener) error {
+	hs := &http.Server{Handler: s.Server, ReadHeaderTimeout: 30 * time.Second, ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelDebug)}
+	hs.Protocols = new(http.Protocols)
+	hs.Protocols.SetHTTP1(true)
+	hs.Protocols.SetUnencryptedHTTP2(true)
+	s.mu.Lock()
+	if s.shutdown {
+		s.mu.Unlock()
+		ln.Close()
+		return http.ErrServerClosed
+	}
+	s.hs, s.ln = hs, ln
+	s.mu.Unlock()
+	return hs.Serve(ln)
+}
+
+// ShutdownResult says what Shutdown saved and what it had to cut.
+type ShutdownResult struct {
+	appliance.SaveAllResult
+	// RequestsCut and EgressCut say that HTTP requests (streams, tunnels)
+	// or egress connections still open when ctx ended were cut.
+	RequestsCut, EgressCut bool
+}
+
+// Shutdown stops the service within ctx, in this order: no new
+// connections; every running sandbox saved, in parallel (SaveAll: a
+// sandbox that could not be saved keeps its previous snapshot); the HTTP
+// requests drained (their streams end with their sandboxes); the egress
+// connections drained; the store and the resolver closed. What is still
+// open when ctx ends is cut.
+func (s *Service) Shutdown(ctx context.Context) ShutdownResult {
+	s.mu.Lock()
+	s.shutdown = true
+	hs, ln := s.hs, s.ln
+	s.mu.Unlock()
+	if ln != nil {
+		ln.Close() // no new connections; those open are served until drained
+	}
+	var res ShutdownResult
+	res.SaveAllResult = s.Manager.Close(ctx)
+	if hs != nil {
+		if err := hs.Shutdown(ctx); err != nil {
+			hs.Close()
+			res.RequestsCut = true
+		}
+	}
+	if err := s.Proxy.Shutdown(ctx); err != nil {
+		res.EgressCut = true
+	}
+	s.close()
+	return res
+}
+
+// close releases what New made, and the store.
+func (s *Service) close() {
+	if s.Proxy != nil {
+		s.Proxy.Close()
+	}
+	if s.store != nil {
+		s.store.Close()
+	}
+	if s.Resolver != nil {
+		s.Resolver.Close()
+	}
+}
