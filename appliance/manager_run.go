@@ -18,8 +18,8 @@ import (
 // startOptions are what every way of starting a sandbox takes.
 type startOptions struct {
 	Rules []transforms.Rule
-	Agent      *agent.Config
-	Dirs       []string
+	Agent *agent.Config
+	Dirs  []string
 }
 
 // agentConfig is the agent configuration a sandbox starts with: the

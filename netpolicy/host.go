@@ -296,4 +296,3 @@ var localNames = []string{
 	"metadata.google.internal", "metadata.goog", "instance-data.ec2.internal",
 	"metadata.azure.com", "metadata.tencentyun.com",
 }
-

@@ -156,7 +156,7 @@ func TestRoutesExec(t *testing.T) {
 		path, body string
 		want       int
 	}{
-		{"/v1/sandboxes/b/exec", `{"command":"x"}`, 400},                       // no newline
+		{"/v1/sandboxes/b/exec", `{"command":"x"}`, 400},                         // no newline
 		{"/v1/sandboxes/b/exec", "[1]\n", 400},                                   // not an object
 		{"/v1/sandboxes/b/exec", `{"command":1}` + "\n", 400},                    // not a string
 		{"/v1/sandboxes/b/exec", `{"command":"x","env":{"1A":"x"}}` + "\n", 400}, // a bad name
