@@ -1,8 +1,8 @@
 // Package servetest runs a real sandgate service on loopback for tests of
-// its clients: the HTTP server (api/server) over internal/stacktest's
-// stack (a lifecycle manager over `sandgate sandbox`, the egress proxy with
-// a loopback DNS server, and an HTTPS upstream for api.example.com that
-// echoes the credential headers it received).
+// its clients: internal/testkit/stacktest's stack (the service as `sandgate serve`
+// assembles it, over `sandgate sandbox`, a loopback DNS server and an
+// HTTPS upstream for api.example.com that echoes the credential headers it
+// received) behind an HTTP listener.
 //
 // It needs what sandboxes need: Linux and root. Start takes no testing.TB,
 // so that a TestMain can start one service for a whole package (its
@@ -18,9 +18,9 @@ import (
 
 	"github.com/sandgate/sandgate/api/server"
 	"github.com/sandgate/sandgate/appliance"
-	"github.com/sandgate/sandgate/internal/stacktest"
-	"github.com/sandgate/sandgate/internal/syncbuf"
-	"github.com/sandgate/sandgate/internal/tlstest"
+	"github.com/sandgate/sandgate/internal/testkit/stacktest"
+	"github.com/sandgate/sandgate/internal/testkit/syncbuf"
+	"github.com/sandgate/sandgate/internal/testkit/tlstest"
 )
 
 // UpstreamHost is the name the service's DNS server gives the HTTPS
@@ -53,39 +53,27 @@ type Service struct {
 
 	stack *stacktest.Stack
 	hs    *httptest.Server
-	srv   *server.Server
 }
 
 // Start starts a service. Close it when done.
 func Start(cfg Config) (s *Service, err error) {
-	st, err := stacktest.Start(stacktest.Config{})
-	if err != nil {
-		return nil, err
-	}
-	s = &Service{Token: cfg.Token, Manager: st.Manager, CA: st.CA, Log: st.Log, stack: st}
-	defer func() {
-		if err != nil {
-			s.Close()
-		}
-	}()
-	if s.Token == "" && !cfg.Open {
-		s.Token = fmt.Sprintf("servetest-token-%d", time.Now().UnixNano())
+	token := cfg.Token
+	if token == "" && !cfg.Open {
+		token = fmt.Sprintf("servetest-token-%d", time.Now().UnixNano())
 	}
 	if cfg.Open {
-		s.Token = ""
+		token = ""
 	}
-	scfg := server.Config{
-		Backend: s.Manager, Token: s.Token, Version: "test", Logger: st.Logger,
-		EgressPort: 0, WaitTimeout: 2 * time.Second,
-	}
+	scfg := server.Config{Token: token, EgressPort: 0, WaitTimeout: 2 * time.Second}
 	if cfg.Tweak != nil {
 		cfg.Tweak(&scfg)
 	}
-	if s.srv, err = server.New(scfg); err != nil {
+	st, err := stacktest.Start(stacktest.Config{Server: scfg})
+	if err != nil {
 		return nil, err
 	}
-	s.Handler = s.srv
-	s.hs = httptest.NewServer(s.srv)
+	s = &Service{Token: token, Manager: st.Manager, CA: st.CA, Log: st.Log, Handler: st.Service.Handler(), stack: st}
+	s.hs = httptest.NewServer(s.Handler)
 	s.URL = s.hs.URL
 	return s, nil
 }
@@ -101,9 +89,6 @@ func (s *Service) Close() {
 	if s.hs != nil {
 		s.hs.CloseClientConnections()
 		s.hs.Close()
-	}
-	if s.srv != nil {
-		s.srv.Close()
 	}
 	s.stack.Close()
 }

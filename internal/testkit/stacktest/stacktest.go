@@ -3,7 +3,7 @@
 // directory store, the egress proxy with a loopback DNS server and
 // per-sandbox audit rings, and an HTTPS upstream for api.example.com (a
 // stand-in for a model API or a package registry) that echoes the
-// credential headers it received. internal/servetest puts the HTTP server
+// credential headers it received. internal/testkit/servetest puts the HTTP server
 // on top for clients' tests; api/server's own tests put theirs.
 //
 // It needs what sandboxes need: Linux and root. Start takes no testing.TB,
@@ -28,13 +28,13 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sandgate/sandgate/api/server"
+	"github.com/sandgate/sandgate/api/service"
 	"github.com/sandgate/sandgate/appliance"
-	"github.com/sandgate/sandgate/internal/dnstest"
-	"github.com/sandgate/sandgate/internal/gobuild"
-	"github.com/sandgate/sandgate/internal/syncbuf"
-	"github.com/sandgate/sandgate/internal/tlstest"
-	"github.com/sandgate/sandgate/netpolicy"
-	"github.com/sandgate/sandgate/relay"
+	"github.com/sandgate/sandgate/internal/testkit/dnstest"
+	"github.com/sandgate/sandgate/internal/testkit/gobuild"
+	"github.com/sandgate/sandgate/internal/testkit/syncbuf"
+	"github.com/sandgate/sandgate/internal/testkit/tlstest"
 	"github.com/sandgate/sandgate/relay/audit"
 	"github.com/sandgate/sandgate/snapshot"
 	"github.com/sandgate/sandgate/snapshot/store"
@@ -56,8 +56,7 @@ func CanRun() (bool, string) {
 	return true, ""
 }
 
-// Config says where the stack keeps its files and how many audit events
-// per sandbox.
+// Config says where the stack keeps its files and how it is set up.
 type Config struct {
 	// Dir holds the launcher's state, the manager's work and the store,
 	// in subdirectories; "" makes a temporary one that Close removes. A
@@ -70,10 +69,18 @@ type Config struct {
 	BaseURLs map[string]string
 	// Modules, when set, compiles sandboxes' own WebAssembly modules.
 	Modules *wasm.Runtime
+	// Server configures the HTTP server (its Token, WaitTimeout…); its
+	// Version is "test" unless set.
+	Server server.Config
+	// Manager, when set, edits the manager's configuration before the
+	// service starts.
+	Manager func(*appliance.ManagerConfig)
 }
 
 // Stack is a running stack. Close it when done.
 type Stack struct {
+	// Service is the assembled service, as `sandgate serve` builds it.
+	Service  *service.Service
 	Manager  *appliance.Manager
 	Launcher *appliance.Launcher
 	Store    store.Store
@@ -81,8 +88,8 @@ type Stack struct {
 	// CA signed the upstream's certificate: a sandbox that speaks TLS to
 	// the upstream itself (through CONNECT) must trust it.
 	CA *tlstest.CA
-	// Log is what Logger wrote (JSON lines): the manager's and the
-	// proxy's audit log; give Logger to the server too.
+	// Log is what Logger wrote (JSON lines): the service's log and the
+	// proxy's audit log.
 	Log    *syncbuf.Buffer
 	Logger *slog.Logger
 	// StateDir, WorkDir and StoreDir are the launcher's state, the
@@ -160,47 +167,42 @@ func Start(cfg Config) (s *Stack, err error) {
 	dns.Set(UpstreamHost, upAddr)
 	s.UpstreamAddr = upAddr
 
-	res, err := netpolicy.NewDNSResolver(netpolicy.ResolverConfig{Servers: []string{dns.Addr}, Timeout: 10 * time.Second})
-	if err != nil {
-		return nil, err
-	}
-	s.closers = append(s.closers, func() { res.Close() })
-	rings := cfg.Rings
-	if rings <= 0 {
-		rings = 200
-	}
-	s.Rings = audit.NewRings(rings)
-	proxy, err := relay.New(relay.Config{
-		Decider:       &netpolicy.Decider{Resolver: res, DialTimeout: 5 * time.Second, AllowPrivate: []netip.Prefix{netip.PrefixFrom(upAddr, 32)}},
-		Audit:         audit.Multi{s.Rings, audit.Logger{L: s.Logger}},
-		UpstreamRoots: s.CA.Pool,
-	})
-	if err != nil {
-		return nil, err
-	}
-	s.closers = append(s.closers, func() { proxy.Close() })
-
 	bin, err := gobuild.SandgateBinary()
 	if err != nil {
 		return nil, err
 	}
-	if s.Launcher, err = appliance.NewLauncher(appliance.LauncherConfig{CLI: bin, AgentBinary: bin, StateDir: s.StateDir}); err != nil {
-		return nil, err
-	}
-	if s.Store, err = store.NewDir(s.StoreDir); err != nil {
+	st, err := store.NewDir(s.StoreDir)
+	if err != nil {
 		return nil, err
 	}
 	urls := cfg.BaseURLs
 	if urls == nil {
 		urls = map[string]string{"ANTHROPIC_BASE_URL": "https://" + UpstreamHost}
 	}
-	s.Manager, err = appliance.NewManager(context.Background(), appliance.ManagerConfig{
-		Launcher: s.Launcher, Proxy: proxy, Store: s.Store, Version: "test", WorkDir: s.WorkDir, IdleSuspend: -1, Logger: s.Logger,
-		BaseURLs: urls, Audit: s.Rings, Modules: cfg.Modules,
+	mc := appliance.ManagerConfig{Version: "test", WorkDir: s.WorkDir, IdleSuspend: -1, BaseURLs: urls}
+	if cfg.Manager != nil {
+		cfg.Manager(&mc)
+	}
+	sc := cfg.Server
+	if sc.Version == "" {
+		sc.Version = "test"
+	}
+	rings := cfg.Rings
+	if rings <= 0 {
+		rings = 200
+	}
+	s.Service, err = service.New(context.Background(), service.Config{
+		DNSServers: []string{dns.Addr}, DNSTimeout: 10 * time.Second, DialTimeout: 5 * time.Second,
+		AllowPrivate:  []netip.Prefix{netip.PrefixFrom(upAddr, 32)},
+		UpstreamRoots: s.CA.Pool, AuditLog: s.Log, AuditKeep: rings, Modules: cfg.Modules,
+		Store:    st,
+		Launcher: appliance.LauncherConfig{CLI: bin, AgentBinary: bin, StateDir: s.StateDir},
+		Manager:  mc, Server: sc, Logger: s.Logger,
 	})
 	if err != nil {
 		return nil, err
 	}
+	s.Manager, s.Launcher, s.Store, s.Rings = s.Service.Manager, s.Service.Launcher, st, s.Service.Audit
 	return s, nil
 }
 
@@ -211,9 +213,8 @@ func (s *Stack) UpstreamSeen() []http.Header {
 	return append([]http.Header(nil), s.seen...)
 }
 
-// DestroyAll destroys every sandbox. An HTTP server over the manager is
-// stopped after it: the sandboxes' processes end, and with them the
-// streams (exec, audit, tunnels) the server would wait for.
+// DestroyAll destroys every sandbox: their processes end, and with them
+// the streams (exec, audit, tunnels) an HTTP server would wait for.
 func (s *Stack) DestroyAll(ctx context.Context) {
 	if s.Manager == nil {
 		return
@@ -224,23 +225,20 @@ func (s *Stack) DestroyAll(ctx context.Context) {
 	}
 }
 
-// Close stops the manager (saving what still runs), removes the templates
-// the launcher mounted (or its state could not be removed), and stops the
-// rest.
+// Close shuts the service down (saving what still runs), removes the
+// templates the launcher mounted (or its state could not be removed), and
+// stops the rest.
 func (s *Stack) Close() {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if s.Manager != nil {
-		s.Manager.Close(ctx)
+	if s.Service != nil {
+		s.Service.Shutdown(ctx)
 	}
 	if s.Launcher != nil {
 		names, _ := s.Launcher.ListTemplates(ctx)
 		for _, n := range names {
 			s.Launcher.RemoveTemplate(ctx, n)
 		}
-	}
-	if s.Store != nil {
-		s.Store.Close()
 	}
 	for i := len(s.closers) - 1; i >= 0; i-- {
 		s.closers[i]()

@@ -56,14 +56,14 @@ var (
 	ImageFlags = []string{"-trimpath"}
 )
 
-// GoogleCLI returns the path of internal/googlecli, a stand-in for Google's
+// GoogleCLI returns the path of internal/testkit/googlecli, a stand-in for Google's
 // Cloud Run sandbox CLI, installed as `sandbox` (the name by which
 // appliance.Launcher knows Google's CLI) beside a `sandgate` that is
 // Sandgate(t), which it runs underneath.
 func GoogleCLI(t testing.TB) string {
 	t.Helper()
 	bin := Sandgate(t)
-	p := build(t, "github.com/sandgate/sandgate/internal/googlecli", filepath.Join("googlecli", "sandbox"), nil, nil)
+	p := build(t, "github.com/sandgate/sandgate/internal/testkit/googlecli", filepath.Join("googlecli", "sandbox"), nil, nil)
 	linkOnce.Do(func() {
 		linkErr = os.Symlink(bin, filepath.Join(filepath.Dir(p), "sandgate"))
 	})
