@@ -31,7 +31,7 @@ ARG COMMIT=unknown
 # A static binary (no libc: it is also bind-mounted into every sandbox as
 # its agent), no local paths, no symbol tables. cmd/sandgate/image_test.go
 # runs the lines between the two markers exactly as written here, and
-# internal/gobuild compiles the binary the tests run with the same
+# internal/testkit/gobuild compiles the binary the tests run with the same
 # CGO_ENABLED and -trimpath.
 # image-build-begin
 RUN CGO_ENABLED=0 go build -trimpath -buildvcs=false \

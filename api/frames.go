@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
 )
 
 // Exec frames: a response streams a command as frames of a 9-byte header
@@ -102,4 +103,51 @@ func (fr *FrameReader) Next() (Frame, error) {
 		return Frame{}, err
 	}
 	return Frame{Type: h[0], Channel: binary.BigEndian.Uint32(h[1:5]), Payload: p}, nil
+}
+
+// ExecOutput is a whole exec stream, read.
+type ExecOutput struct {
+	PID            string
+	Stdout, Stderr []byte
+	// ExitCode is the Exit frame's code; Exited is false when the stream
+	// ended without one (the service stopped, the connection broke).
+	ExitCode int
+	Exited   bool
+}
+
+// ReadExec reads an exec stream to its end: an Open frame, Data frames on
+// stdout and stderr, an Exit frame, then nothing. A stream out of that
+// order is an error saying where; one that ends cleanly before its Exit is
+// not (Exited is false), since a stream cut by the service ends so.
+func ReadExec(r io.Reader) (ExecOutput, error) {
+	var out ExecOutput
+	fr := NewFrameReader(r)
+	for i := 0; ; i++ {
+		f, err := fr.Next()
+		if errors.Is(err, io.EOF) {
+			return out, nil
+		}
+		if err != nil {
+			return out, fmt.Errorf("frame %d: %w", i, err)
+		}
+		switch {
+		case out.Exited:
+			return out, fmt.Errorf("frame %d (type %d) after the Exit frame", i, f.Type)
+		case f.Type == FrameOpen && i == 0:
+			out.PID = string(f.Payload)
+		case i == 0:
+			return out, fmt.Errorf("frame 0 is of type %d, not Open", f.Type)
+		case f.Type == FrameData && f.Channel == ChannelStdout:
+			out.Stdout = append(out.Stdout, f.Payload...)
+		case f.Type == FrameData && f.Channel == ChannelStderr:
+			out.Stderr = append(out.Stderr, f.Payload...)
+		case f.Type == FrameExit:
+			if out.ExitCode, err = strconv.Atoi(string(f.Payload)); err != nil {
+				return out, fmt.Errorf("Exit frame %q: not a number", f.Payload)
+			}
+			out.Exited = true
+		default:
+			return out, fmt.Errorf("frame %d: unexpected type %d on channel %d", i, f.Type, f.Channel)
+		}
+	}
 }

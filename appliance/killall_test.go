@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	"github.com/sandgate/sandgate/appliance/agent"
-	"github.com/sandgate/sandgate/internal/gobuild"
+	"github.com/sandgate/sandgate/internal/testkit/gobuild"
 )
 
 // TestKillAllStopsCodeRunFromSandgateBinary: kill-all once spared every

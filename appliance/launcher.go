@@ -127,12 +127,12 @@ func NewLauncher(cfg LauncherConfig) (*Launcher, error) {
 	if fi, err := os.Stat(l.agent); err != nil || !fi.Mode().IsRegular() {
 		return nil, fmt.Errorf("launcher: agent binary %s is not a regular file (%v): set AgentBinary to the sandgate executable", l.agent, err)
 	}
+	l.google = cfg.Google()
 	switch {
 	case cfg.CLI != "":
 		l.argv = []string{cfg.CLI}
-		l.google = filepath.Base(cfg.CLI) == "sandbox"
-	case fileExists(GoogleCLI):
-		l.argv, l.google = []string{GoogleCLI}, true
+	case l.google:
+		l.argv = []string{GoogleCLI}
 	default:
 		l.argv = []string{self, "sandbox"}
 	}
@@ -146,6 +146,16 @@ func NewLauncher(cfg LauncherConfig) (*Launcher, error) {
 		l.env = append(l.env, "SANDGATE_STATE_DIR="+cfg.StateDir)
 	}
 	return l, nil
+}
+
+// Google reports whether a launcher of this configuration drives Cloud
+// Run's sandbox CLI: CLI is a program named sandbox, or CLI is unset and
+// Google's is installed.
+func (cfg LauncherConfig) Google() bool {
+	if cfg.CLI != "" {
+		return filepath.Base(cfg.CLI) == "sandbox"
+	}
+	return fileExists(GoogleCLI)
 }
 
 // Google reports whether the launcher drives Cloud Run's sandbox CLI.

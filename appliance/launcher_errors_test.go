@@ -14,7 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandgate/sandgate/appliance/agent"
-	"github.com/sandgate/sandgate/internal/gobuild"
+	"github.com/sandgate/sandgate/internal/testkit/gobuild"
 )
 
 // TestLauncherErrorsTyped: each failure of `sandgate sandbox` reaches the

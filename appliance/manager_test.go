@@ -16,8 +16,8 @@ import (
 	"github.com/klauspost/compress/zstd"
 
 	"github.com/sandgate/sandgate/appliance/agent"
-	"github.com/sandgate/sandgate/internal/gcstest"
-	"github.com/sandgate/sandgate/internal/syncbuf"
+	"github.com/sandgate/sandgate/internal/testkit/gcstest"
+	"github.com/sandgate/sandgate/internal/testkit/syncbuf"
 	"github.com/sandgate/sandgate/netpolicy"
 	"github.com/sandgate/sandgate/snapshot/store"
 )
@@ -182,7 +182,7 @@ func (r *mrig) storeHolds(s string) bool {
 }
 
 // The whole life of a sandbox on both stores and both CLIs (ours, and
-// Google's as documented: see internal/googlecli): create, files, suspend
+// Google's as documented: see internal/testkit/googlecli): create, files, suspend
 // (its credentials never saved), resume with its files, create refusing a
 // suspended id, idempotent suspend and destroy.
 func TestLifecycle(t *testing.T) {

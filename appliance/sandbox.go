@@ -147,10 +147,6 @@ func start(ctx context.Context, l *Launcher, proxy *relay.Proxy, id string, opts
 // ID returns the sandbox id.
 func (s *Sandbox) ID() string { return s.id }
 
-// Relay returns the sandbox's identity in the egress proxy: change its
-// policy or rules there, read its audit events by its ID.
-func (s *Sandbox) Relay() *relay.Tenant { return s.relay }
-
 // connect starts an agent and performs the hello exchange.
 func (s *Sandbox) connect(ctx context.Context) (*agent.Client, *link, error) {
 	k, err := s.l.startAgent(s.id)

@@ -22,9 +22,9 @@ import (
 	"time"
 
 	"github.com/sandgate/sandgate/appliance/agent"
-	"github.com/sandgate/sandgate/internal/dnstest"
-	"github.com/sandgate/sandgate/internal/gobuild"
-	"github.com/sandgate/sandgate/internal/tlstest"
+	"github.com/sandgate/sandgate/internal/testkit/dnstest"
+	"github.com/sandgate/sandgate/internal/testkit/gobuild"
+	"github.com/sandgate/sandgate/internal/testkit/tlstest"
 	"github.com/sandgate/sandgate/netpolicy"
 	"github.com/sandgate/sandgate/relay"
 	"github.com/sandgate/sandgate/relay/audit"
@@ -82,7 +82,7 @@ const (
 	// ourCLI is `sandgate sandbox`: typed exit statuses, descriptor
 	// passing, templates.
 	ourCLI cliMode = "sandgate"
-	// googleCLI is internal/googlecli, which behaves as Google's CLI is
+	// googleCLI is internal/testkit/googlecli, which behaves as Google's CLI is
 	// documented to (one exit status for every failure, stdio relayed
 	// through pipes, no templates), over `sandgate sandbox`: the launcher
 	// drives it in Google mode.

@@ -6,7 +6,7 @@
 // identity token from gcloud, the service token from
 // CLOUD_RUN_SANDBOX_SERVICE_TOKEN). Otherwise they start `sandgate serve`
 // themselves on loopback, twice: over `sandgate sandbox` and over the
-// stand-in for Google's Cloud Run sandbox CLI (internal/googlecli), each
+// stand-in for Google's Cloud Run sandbox CLI (internal/testkit/googlecli), each
 // with a loopback DNS server, a package registry stand-in and an upstream
 // that echoes credentials, so that nothing reaches the internet and CI runs
 // them on every change. deploy/README.md says how to run them.

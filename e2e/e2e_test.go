@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/sandgate/sandgate/api/client"
-	"github.com/sandgate/sandgate/internal/gobuild"
-	"github.com/sandgate/sandgate/internal/servetest"
+	"github.com/sandgate/sandgate/internal/testkit/gobuild"
+	"github.com/sandgate/sandgate/internal/testkit/servetest"
 )
 
 func TestMain(m *testing.M) {

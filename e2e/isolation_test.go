@@ -8,8 +8,8 @@ import (
 	"testing"
 
 	"github.com/sandgate/sandgate/api/client"
-	"github.com/sandgate/sandgate/internal/gobuild"
-	"github.com/sandgate/sandgate/internal/servetest"
+	"github.com/sandgate/sandgate/internal/testkit/gobuild"
+	"github.com/sandgate/sandgate/internal/testkit/servetest"
 )
 
 // TestSandboxSeesNothingOfTheHost is the attack that found a sandbox

@@ -19,7 +19,7 @@ import (
 	"time"
 
 	"github.com/sandgate/sandgate/api/client"
-	"github.com/sandgate/sandgate/internal/stacktest"
+	"github.com/sandgate/sandgate/internal/testkit/stacktest"
 )
 
 // 1. A template whose setup installs a package from the registry

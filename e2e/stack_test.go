@@ -27,10 +27,10 @@ import (
 	"time"
 
 	"github.com/sandgate/sandgate/api/client"
-	"github.com/sandgate/sandgate/internal/dnstest"
-	"github.com/sandgate/sandgate/internal/gobuild"
-	"github.com/sandgate/sandgate/internal/syncbuf"
-	"github.com/sandgate/sandgate/internal/tlstest"
+	"github.com/sandgate/sandgate/internal/testkit/dnstest"
+	"github.com/sandgate/sandgate/internal/testkit/gobuild"
+	"github.com/sandgate/sandgate/internal/testkit/syncbuf"
+	"github.com/sandgate/sandgate/internal/testkit/tlstest"
 )
 
 // hang bounds every wait: only a hang exceeds it, never a loaded machine.

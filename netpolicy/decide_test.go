@@ -11,7 +11,7 @@ import (
 
 	"github.com/miekg/dns"
 
-	"github.com/sandgate/sandgate/internal/dnstest"
+	"github.com/sandgate/sandgate/internal/testkit/dnstest"
 )
 
 func newTestDecider(t *testing.T, hosts ...string) (*Decider, *dnstest.Server) {

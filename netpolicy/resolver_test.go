@@ -15,7 +15,7 @@ import (
 
 	"github.com/miekg/dns"
 
-	"github.com/sandgate/sandgate/internal/dnstest"
+	"github.com/sandgate/sandgate/internal/testkit/dnstest"
 )
 
 // fakeClock is an injectable clock for cache expiry.

@@ -20,7 +20,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandgate/sandgate/internal/tlstest"
+	"github.com/sandgate/sandgate/internal/testkit/tlstest"
 	"github.com/sandgate/sandgate/transforms"
 )
 

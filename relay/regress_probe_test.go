@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandgate/sandgate/internal/tlstest"
+	"github.com/sandgate/sandgate/internal/testkit/tlstest"
 )
 
 // rawUpstream: a TLS upstream where behave(i, conn) handles connection i.

@@ -20,13 +20,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandgate/sandgate/internal/dnstest"
-	"github.com/sandgate/sandgate/internal/tlstest"
+	"github.com/sandgate/sandgate/internal/testkit/dnstest"
+	"github.com/sandgate/sandgate/internal/testkit/tlstest"
 	"github.com/sandgate/sandgate/netpolicy"
 	"github.com/sandgate/sandgate/relay/audit"
 	"github.com/sandgate/sandgate/transforms"
 
-	"github.com/sandgate/sandgate/internal/syncbuf"
+	"github.com/sandgate/sandgate/internal/testkit/syncbuf"
 )
 
 // canary is a secret that must reach the upstream and appear in no log,

@@ -12,7 +12,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/sandgate/sandgate/internal/tlstest"
+	"github.com/sandgate/sandgate/internal/testkit/tlstest"
 )
 
 // remoteAddrs records the client addresses an upstream saw.

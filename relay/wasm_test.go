@@ -14,7 +14,7 @@ import (
 	"github.com/sandgate/sandgate/transforms"
 	"github.com/sandgate/sandgate/transforms/wasm"
 
-	"github.com/sandgate/sandgate/internal/gobuild"
+	"github.com/sandgate/sandgate/internal/testkit/gobuild"
 )
 
 func TestMain(m *testing.M) {

@@ -11,7 +11,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/sandgate/sandgate/internal/gcstest"
+	"github.com/sandgate/sandgate/internal/testkit/gcstest"
 	"github.com/sandgate/sandgate/snapshot/store"
 )
 

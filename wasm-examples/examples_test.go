@@ -24,11 +24,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandgate/sandgate/internal/dnstest"
-	"github.com/sandgate/sandgate/internal/tlstest"
+	"github.com/sandgate/sandgate/internal/testkit/dnstest"
+	"github.com/sandgate/sandgate/internal/testkit/tlstest"
 
-	"github.com/sandgate/sandgate/internal/gobuild"
-	"github.com/sandgate/sandgate/internal/syncbuf"
+	"github.com/sandgate/sandgate/internal/testkit/gobuild"
+	"github.com/sandgate/sandgate/internal/testkit/syncbuf"
 )
 
 // upstreamHost is the name every test routes to.

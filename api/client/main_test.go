@@ -6,8 +6,8 @@ import (
 	"os"
 	"testing"
 
-	"github.com/sandgate/sandgate/internal/gobuild"
-	"github.com/sandgate/sandgate/internal/servetest"
+	"github.com/sandgate/sandgate/internal/testkit/gobuild"
+	"github.com/sandgate/sandgate/internal/testkit/servetest"
 )
 
 // svc is the real service every test and Example of this package talks

@@ -138,14 +138,14 @@ func TestRoutesExec(t *testing.T) {
 	if code != 200 || h.Get(api.HeaderProcessID) == "" || h.Get("Content-Type") != "application/octet-stream" {
 		t.Fatalf("exec: %d %q %v", code, body, h)
 	}
-	res := readFrames(t, strings.NewReader(body))
-	if res.pid != h.Get(api.HeaderProcessID) || res.stdout != "echo hi|/workspace|stdin!" || res.stderr != "e" || res.exit != 3 {
-		t.Errorf("exec frames: %+v", res)
+	res, err := api.ReadExec(strings.NewReader(body))
+	if err != nil || res.PID != h.Get(api.HeaderProcessID) || string(res.Stdout) != "echo hi|/workspace|stdin!" || string(res.Stderr) != "e" || !res.Exited || res.ExitCode != 3 {
+		t.Errorf("exec frames: %+v %v", res, err)
 	}
 	if got := r.b.boxes["b"].execs[0]; strings.Join(got.Env, ",") != "A=1" || got.Args[0] != "/bin/sh" || !got.MissingDirFails {
 		t.Errorf("the backend was asked %+v", got)
 	}
-	pid := res.pid
+	pid := res.PID
 	if code, body, _ := r.do("GET", "/v1/sandboxes/b/processes/"+pid, nil); code != 200 || body != `{"exitCode":3}`+"\n" {
 		t.Errorf("wait: %d %q", code, body)
 	}

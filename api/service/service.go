@@ -37,6 +37,9 @@ type Config struct {
 	// DNSServers are the servers the proxy resolves with (IP or IP:port);
 	// empty means /etc/resolv.conf's.
 	DNSServers []string
+	// DNSTimeout bounds each exchange with one DNS server, DialTimeout each
+	// connection to an upstream; zero means netpolicy's defaults.
+	DNSTimeout, DialTimeout time.Duration
 	// AllowPrivate exempts address ranges from the refusal of private,
 	// loopback and other special addresses: tests, and operators who open
 	// a private network on purpose. Empty in production.
@@ -122,10 +125,10 @@ func New(ctx context.Context, cfg Config) (_ *Service, err error) {
 			return nil, fmt.Errorf("no DNS servers given (SANDBOX_DNS) and /etc/resolv.conf is unusable: %w", err)
 		}
 	}
-	if s.Resolver, err = netpolicy.NewDNSResolver(netpolicy.ResolverConfig{Servers: servers}); err != nil {
+	if s.Resolver, err = netpolicy.NewDNSResolver(netpolicy.ResolverConfig{Servers: servers, Timeout: cfg.DNSTimeout}); err != nil {
 		return nil, fmt.Errorf("%w: DNS servers (SANDBOX_DNS): %v", appliance.ErrBadInput, err)
 	}
-	s.Decider = &netpolicy.Decider{Resolver: s.Resolver, AllowPrivate: cfg.AllowPrivate}
+	s.Decider = &netpolicy.Decider{Resolver: s.Resolver, AllowPrivate: cfg.AllowPrivate, DialTimeout: cfg.DialTimeout}
 	for _, p := range cfg.AllowPrivate {
 		s.log.Warn("address-class refusal disabled for a range: sandboxes may reach it", "cidr", p.String())
 	}

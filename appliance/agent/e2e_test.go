@@ -13,9 +13,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandgate/sandgate/internal/syncbuf"
+	"github.com/sandgate/sandgate/internal/testkit/syncbuf"
 
-	"github.com/sandgate/sandgate/internal/gobuild"
+	"github.com/sandgate/sandgate/internal/testkit/gobuild"
 )
 
 // sandgateBinary builds ./cmd/sandgate once per test run.

@@ -19,13 +19,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandgate/sandgate/internal/dnstest"
-	"github.com/sandgate/sandgate/internal/tlstest"
+	"github.com/sandgate/sandgate/internal/testkit/dnstest"
+	"github.com/sandgate/sandgate/internal/testkit/tlstest"
 	"github.com/sandgate/sandgate/netpolicy"
 	"github.com/sandgate/sandgate/relay"
 	"github.com/sandgate/sandgate/relay/audit"
 
-	"github.com/sandgate/sandgate/internal/syncbuf"
+	"github.com/sandgate/sandgate/internal/testkit/syncbuf"
 )
 
 // egressEnv is a real relay.Proxy on loopback (its own DNS server, a CA and

@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandgate/sandgate/internal/syncbuf"
+	"github.com/sandgate/sandgate/internal/testkit/syncbuf"
 )
 
 func TestRunOutputAndExitCode(t *testing.T) {

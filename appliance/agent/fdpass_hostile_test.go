@@ -11,7 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/sandgate/sandgate/internal/syncbuf"
+	"github.com/sandgate/sandgate/internal/testkit/syncbuf"
 	"github.com/sandgate/sandgate/netpolicy"
 	"github.com/sandgate/sandgate/relay"
 )

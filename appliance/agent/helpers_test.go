@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandgate/sandgate/internal/gobuild"
+	"github.com/sandgate/sandgate/internal/testkit/gobuild"
 )
 
 // TestMain doubles as the helper programs tests run as commands: the

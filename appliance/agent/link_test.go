@@ -14,7 +14,7 @@ import (
 
 	"github.com/hashicorp/yamux"
 
-	"github.com/sandgate/sandgate/internal/syncbuf"
+	"github.com/sandgate/sandgate/internal/testkit/syncbuf"
 )
 
 // TestDialPort: a port dial over every kind of link. Over a socketpair

@@ -13,11 +13,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sandgate/sandgate/api/service"
 	"github.com/sandgate/sandgate/appliance"
 	"github.com/sandgate/sandgate/appliance/agent"
 	"github.com/sandgate/sandgate/bench/internal/benchkit"
-	"github.com/sandgate/sandgate/netpolicy"
-	"github.com/sandgate/sandgate/relay"
 	"github.com/sandgate/sandgate/snapshot/store"
 )
 
@@ -51,32 +50,22 @@ func run(mb, small, changedMB, creates, saveAll int) error {
 		return err
 	}
 	state := filepath.Join(dir, "sandboxes")
-	l, err := appliance.NewLauncher(appliance.LauncherConfig{CLI: bin, AgentBinary: bin, StateDir: state})
-	if err != nil {
-		return err
-	}
-	res, err := netpolicy.NewDNSResolver(netpolicy.ResolverConfig{Servers: []string{"127.0.0.1:9"}})
-	if err != nil {
-		return err
-	}
-	defer res.Close()
-	proxy, err := relay.New(relay.Config{Decider: &netpolicy.Decider{Resolver: res}})
-	if err != nil {
-		return err
-	}
-	defer proxy.Close()
 	st, err := store.NewDir(filepath.Join(dir, "store"))
 	if err != nil {
 		return err
 	}
-	defer st.Close()
 	ctx := context.Background()
-	m, err := appliance.NewManager(ctx, appliance.ManagerConfig{
-		Launcher: l, Proxy: proxy, Store: st, Version: "bench", WorkDir: filepath.Join(dir, "work"), IdleSuspend: -1,
+	// The service as serve assembles it; no egress is measured: a resolver
+	// that answers nothing.
+	svc, err := service.New(ctx, service.Config{
+		DNSServers: []string{"127.0.0.1:9"}, Store: st,
+		Launcher: appliance.LauncherConfig{CLI: bin, AgentBinary: bin, StateDir: state},
+		Manager:  appliance.ManagerConfig{Version: "bench", WorkDir: filepath.Join(dir, "work"), IdleSuspend: -1},
 	})
 	if err != nil {
 		return err
 	}
+	m, l := svc.Manager, svc.Launcher
 	defer func() {
 		infos, _ := m.List(ctx)
 		for _, in := range infos {
@@ -86,6 +75,7 @@ func run(mb, small, changedMB, creates, saveAll int) error {
 		for _, n := range names {
 			l.RemoveTemplate(ctx, n)
 		}
+		svc.Shutdown(ctx)
 	}()
 	sh := func(id, script string) error {
 		sb, err := m.Sandbox(id)

@@ -11,19 +11,23 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sandgate/sandgate/api/service"
 	"github.com/sandgate/sandgate/appliance"
 	"github.com/sandgate/sandgate/bench/internal/benchkit"
 	"github.com/sandgate/sandgate/netpolicy"
 	"github.com/sandgate/sandgate/relay"
 	"github.com/sandgate/sandgate/relay/audit"
+	"github.com/sandgate/sandgate/snapshot/store"
 )
 
 // rig is one bench run's world: benchkit's DNS server, CA and upstream
-// process; one relay.Proxy serving both the sandboxes' links and a
-// standalone TCP listener; and a Launcher driving `sandgate sandbox` with a
-// state directory of its own.
+// process; the service as serve assembles it, whose proxy serves both the
+// sandboxes' links and a standalone TCP listener and whose launcher drives
+// `sandgate sandbox` with a state directory of its own; and a second
+// launcher driving the same CLI as Google's is driven.
 type rig struct {
 	env      *benchkit.Env
+	svc      *service.Service
 	proxy    *relay.Proxy
 	rings    *audit.Rings
 	policy   netpolicy.Policy
@@ -59,20 +63,28 @@ func newRig(bin string) (_ *rig, err error) {
 		return nil, err
 	}
 
-	res, err := netpolicy.NewDNSResolver(netpolicy.ResolverConfig{Servers: []string{r.env.DNS.Addr}, Timeout: 2 * time.Second})
+	st, err := store.NewDir(filepath.Join(r.env.Dir, "store"))
 	if err != nil {
 		return nil, err
 	}
-	r.closers = append(r.closers, func() { res.Close() })
-	decider := &netpolicy.Decider{Resolver: res, DialTimeout: 5 * time.Second,
-		AllowPrivate: []netip.Prefix{netip.PrefixFrom(r.env.Upstream, 32)}}
-	// The audit rings let the bench check that each download really went
-	// through the proxy, under the identity it expects.
-	r.rings = audit.NewRings(256)
-	if r.proxy, err = relay.New(relay.Config{Decider: decider, Audit: r.rings, UpstreamRoots: r.env.CA.Pool}); err != nil {
+	// The service as serve assembles it; its audit rings let the bench
+	// check that each download really went through the proxy, under the
+	// identity it expects.
+	if r.svc, err = service.New(context.Background(), service.Config{
+		DNSServers: []string{r.env.DNS.Addr}, DialTimeout: 5 * time.Second,
+		AllowPrivate:  []netip.Prefix{netip.PrefixFrom(r.env.Upstream, 32)},
+		UpstreamRoots: r.env.CA.Pool, AuditKeep: 256, Store: st,
+		Launcher: appliance.LauncherConfig{CLI: r.env.Bin, StateDir: r.state, AgentBinary: r.env.Bin},
+		Manager:  appliance.ManagerConfig{Version: "bench", WorkDir: filepath.Join(r.env.Dir, "work"), IdleSuspend: -1},
+	}); err != nil {
 		return nil, err
 	}
-	r.closers = append(r.closers, func() { r.proxy.Close() })
+	r.proxy, r.rings, r.launcher = r.svc.Proxy, r.svc.Audit, r.svc.Launcher
+	r.closers = append(r.closers, func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		r.svc.Shutdown(ctx)
+	})
 	if r.policy, err = netpolicy.ParsePolicy([]byte(`{"mode":"custom","allowedHosts":["` + benchkit.Host + `"]}`)); err != nil {
 		return nil, err
 	}
@@ -95,9 +107,6 @@ func newRig(bin string) (_ *rig, err error) {
 		}
 	})
 
-	if r.launcher, err = appliance.NewLauncher(appliance.LauncherConfig{CLI: r.env.Bin, StateDir: r.state, AgentBinary: r.env.Bin}); err != nil {
-		return nil, err
-	}
 	wrapper := filepath.Join(r.env.Dir, "google", "sandbox")
 	if err := os.MkdirAll(filepath.Dir(wrapper), 0o700); err != nil {
 		return nil, err

@@ -17,14 +17,11 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/sandgate/sandgate/api"
 	"github.com/sandgate/sandgate/api/server"
+	"github.com/sandgate/sandgate/api/service"
 	"github.com/sandgate/sandgate/appliance"
 	"github.com/sandgate/sandgate/bench/internal/benchkit"
-	"github.com/sandgate/sandgate/netpolicy"
-	"github.com/sandgate/sandgate/relay"
 	"github.com/sandgate/sandgate/snapshot/store"
 )
 
@@ -33,8 +30,8 @@ import (
 const token = "sandgate-bench-token"
 
 // rig is one run's world: a directory under /var/tmp (sandboxes see it),
-// the sandgate binary built from this checkout, a Manager driving it, and
-// the HTTP service over that Manager on a loopback listener.
+// the sandgate binary built from this checkout, and the service assembled
+// as serve assembles it, its handler timed, on a loopback listener.
 type rig struct {
 	dir        string
 	bin        string // sandgate, the sandbox CLI and the agent
@@ -42,7 +39,7 @@ type rig struct {
 	state      string // the sandbox CLI's state directory
 	launcher   *appliance.Launcher
 	m          *appliance.Manager
-	srv        *server.Server
+	svc        *service.Service
 	hs         *http.Server
 	addr       string // the service's address
 	client     *http.Client
@@ -79,38 +76,29 @@ func newRig() (_ *rig, err error) {
 	}
 
 	r.state = filepath.Join(r.dir, "sandboxes")
-	if r.launcher, err = appliance.NewLauncher(appliance.LauncherConfig{CLI: r.bin, AgentBinary: r.bin, StateDir: r.state}); err != nil {
-		return nil, err
-	}
-	// No egress is measured: a resolver that answers nothing, and a proxy
-	// that would refuse everything.
-	res, err := netpolicy.NewDNSResolver(netpolicy.ResolverConfig{Servers: []string{"127.0.0.1:9"}})
-	if err != nil {
-		return nil, err
-	}
-	r.closers = append(r.closers, func() { res.Close() })
-	proxy, err := relay.New(relay.Config{Decider: &netpolicy.Decider{Resolver: res}})
-	if err != nil {
-		return nil, err
-	}
-	r.closers = append(r.closers, func() { proxy.Close() })
 	st, err := store.NewDir(filepath.Join(r.dir, "store"))
 	if err != nil {
 		return nil, err
 	}
-	r.closers = append(r.closers, func() { st.Close() })
-	reg := prometheus.NewRegistry()
-	if r.m, err = appliance.NewManager(context.Background(), appliance.ManagerConfig{
-		Launcher: r.launcher, Proxy: proxy, Store: st, Version: "bench", WorkDir: filepath.Join(r.dir, "work"),
-		IdleSuspend: -1, Metrics: reg, BaseURLs: map[string]string{},
+	// The service as serve assembles it. No egress is measured: a resolver
+	// that answers nothing, and a proxy that would refuse everything.
+	if r.svc, err = service.New(context.Background(), service.Config{
+		DNSServers: []string{"127.0.0.1:9"}, Store: st,
+		Launcher: appliance.LauncherConfig{CLI: r.bin, AgentBinary: r.bin, StateDir: r.state},
+		Manager: appliance.ManagerConfig{
+			Version: "bench", WorkDir: filepath.Join(r.dir, "work"), IdleSuspend: -1, BaseURLs: map[string]string{},
+		},
+		Server: server.Config{Token: token, Version: "bench", EgressPort: 3128},
 	}); err != nil {
 		return nil, err
 	}
+	r.m, r.launcher = r.svc.Manager, r.svc.Launcher
+	r.closers = append(r.closers, func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		r.svc.Shutdown(ctx)
+	})
 	r.closers = append(r.closers, r.removeSandboxes)
-	if r.srv, err = server.New(server.Config{Backend: r.m, Token: token, Version: "bench", EgressPort: 3128, Metrics: reg}); err != nil {
-		return nil, err
-	}
-	r.closers = append(r.closers, r.srv.Close)
 
 	// Served as `sandgate serve` serves it: HTTP/1.1 and HTTP/2 without TLS.
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -118,9 +106,10 @@ func newRig() (_ *rig, err error) {
 		return nil, err
 	}
 	r.addr = ln.Addr().String()
+	handler := r.svc.Handler()
 	r.hs = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, q *http.Request) {
 		t0 := time.Now()
-		r.srv.ServeHTTP(w, q)
+		handler.ServeHTTP(w, q)
 		r.handled.Store(int64(time.Since(t0)))
 	}), ReadHeaderTimeout: 30 * time.Second}
 	r.hs.Protocols = new(http.Protocols)

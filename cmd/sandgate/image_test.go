@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandgate/sandgate/internal/gobuild"
+	"github.com/sandgate/sandgate/internal/testkit/gobuild"
 )
 
 // The Dockerfile at the root of the module.
@@ -151,7 +151,7 @@ func TestImageBinary(t *testing.T) {
 	}
 }
 
-// TestImageBuildMatchesTests: the tests' binary (internal/gobuild) is
+// TestImageBuildMatchesTests: the tests' binary (internal/testkit/gobuild) is
 // compiled as the image's is, so that what the tests run is what the image
 // runs.
 func TestImageBuildMatchesTests(t *testing.T) {
@@ -161,7 +161,7 @@ func TestImageBuildMatchesTests(t *testing.T) {
 	}
 	for _, want := range append(append([]string{}, gobuild.ImageEnv...), gobuild.ImageFlags...) {
 		if !strings.Contains(script, want) {
-			t.Errorf("the Dockerfile's build (%s) lacks %s, with which internal/gobuild builds the tests' binary", script, want)
+			t.Errorf("the Dockerfile's build (%s) lacks %s, with which internal/testkit/gobuild builds the tests' binary", script, want)
 		}
 	}
 }

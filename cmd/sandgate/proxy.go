@@ -164,21 +164,10 @@ func buildProxy(c *cli.Context, logger *slog.Logger, eg *egress, auditOut io.Wri
 	if err != nil {
 		return nil, badInput("--upstream-ca: %v", err)
 	}
-	specs := *c.Generic("transform-module").(*moduleSpecs)
-	if len(specs) > 0 || withRuntime {
-		if pp.runtime, err = newWasmRuntime(c, logger, wasmHeadroom(logger)); err != nil {
-			return nil, err
-		}
-		pp.closers = append(pp.closers, func() { pp.runtime.Close(context.Background()) })
+	if pp.runtime, pp.modules, err = loadWasm(c, logger, withRuntime); err != nil {
+		return nil, err
 	}
-	if len(specs) > 0 {
-		if pp.modules, err = loadModules(c.Context, pp.runtime, specs); err != nil {
-			return nil, err
-		}
-		for _, m := range pp.modules.Modules() {
-			logger.Info("transform module loaded", "module", m.Name(), "features", m.Features().String())
-		}
-	}
+	pp.closers = append(pp.closers, func() { closeWasm(pp.runtime, pp.modules) })
 	pp.reg = prometheus.NewRegistry()
 	pp.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics := audit.NewMetrics(pp.reg)
@@ -198,6 +187,43 @@ func buildProxy(c *cli.Context, logger *slog.Logger, eg *egress, auditOut io.Wri
 		return nil, err
 	}
 	return pp, nil
+}
+
+// loadWasm makes the WebAssembly runtime of the --wasm-* flags and loads
+// the service-wide modules of --transform-module; always makes the runtime
+// even without such modules (serve compiles sandboxes' own). Both are nil
+// when neither is needed; closeWasm releases them.
+func loadWasm(c *cli.Context, logger *slog.Logger, always bool) (*wasm.Runtime, *wasm.Chain, error) {
+	specs := *c.Generic("transform-module").(*moduleSpecs)
+	if len(specs) == 0 && !always {
+		return nil, nil, nil
+	}
+	rt, err := newWasmRuntime(c, logger, wasmHeadroom(logger))
+	if err != nil {
+		return nil, nil, err
+	}
+	if len(specs) == 0 {
+		return rt, nil, nil
+	}
+	modules, err := loadModules(c.Context, rt, specs)
+	if err != nil {
+		rt.Close(context.Background())
+		return nil, nil, err
+	}
+	for _, m := range modules.Modules() {
+		logger.Info("transform module loaded", "module", m.Name(), "features", m.Features().String())
+	}
+	return rt, modules, nil
+}
+
+// closeWasm releases what loadWasm made.
+func closeWasm(rt *wasm.Runtime, modules *wasm.Chain) {
+	if modules != nil {
+		modules.Close(context.Background())
+	}
+	if rt != nil {
+		rt.Close(context.Background())
+	}
 }
 
 // wasmHeadroom returns the wasm runtime's LongCalls hook, which gives the

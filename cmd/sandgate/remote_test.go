@@ -18,7 +18,7 @@ import (
 	"time"
 
 	"github.com/sandgate/sandgate/api/client"
-	"github.com/sandgate/sandgate/internal/servetest"
+	"github.com/sandgate/sandgate/internal/testkit/servetest"
 )
 
 // One service for the client verbs' tests, started by the first that

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -18,12 +17,12 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/sandgate/sandgate/api/server"
+	"github.com/sandgate/sandgate/api/service"
 	"github.com/sandgate/sandgate/appliance"
 	"github.com/sandgate/sandgate/appliance/agent"
 	"github.com/sandgate/sandgate/appliance/localbox"
 	"github.com/sandgate/sandgate/internal/cloudlog"
 	"github.com/sandgate/sandgate/netpolicy"
-	"github.com/sandgate/sandgate/relay/audit"
 	"github.com/sandgate/sandgate/snapshot/store"
 )
 
@@ -223,35 +222,40 @@ func runServe(c *cli.Context) error {
 		return badInput("refusing to listen on %s without a service token: set SANDBOX_SERVICE_TOKEN, listen on loopback (HOST=127.0.0.1), or pass --allow-open on a network you trust", ln.Addr())
 	}
 
-	// The egress proxy.
-	servers := splitAll(c.StringSlice("dns"))
-	if len(servers) == 0 {
-		if servers, err = netpolicy.ServersFromResolvConf("/etc/resolv.conf"); err != nil {
-			return fmt.Errorf("no SANDBOX_DNS given and /etc/resolv.conf is unusable: %w", err)
-		}
-	}
-	res, err := netpolicy.NewDNSResolver(netpolicy.ResolverConfig{Servers: servers})
-	if err != nil {
-		return badInput("SANDBOX_DNS (--dns): %v", err)
-	}
-	eg := &egress{decider: &netpolicy.Decider{Resolver: res, AllowPrivate: sc.allowPrivate}, resolver: res}
-	defer eg.Close()
-	for _, p := range sc.allowPrivate {
-		logger.Warn("address-class refusal disabled for a range: sandboxes may reach it", "cidr", p.String())
-	}
 	auditOut, closeAudit, err := openAuditLog(c.String("audit-log"), c.App.Writer)
 	if err != nil {
 		return badInput("SANDGATE_AUDIT_LOG (--audit-log): %v", err)
 	}
 	defer closeAudit()
-	rings := audit.NewRings(1000)
-	pp, err := buildProxy(c, logger, eg, auditOut, rings, true)
+	roots, err := upstreamRoots(c.StringSlice("upstream-ca"))
+	if err != nil {
+		return badInput("SANDGATE_UPSTREAM_CA (--upstream-ca): %v", err)
+	}
+	state, err := filepath.Abs(c.String("state-dir"))
+	if err != nil {
+		return badInput("SANDGATE_STATE_DIR (--state-dir): %v", err)
+	}
+	lc := appliance.LauncherConfig{
+		CLI: c.String("sandbox-cli"), StateDir: filepath.Join(state, "sandboxes"),
+		Memory: sc.memory, Pids: c.Int("sandbox-pids"), Rootfs: c.String("rootfs"),
+		Hide: hiddenPaths(c, state), PrivateDir: state, UserNS: userNSMode(c.String("userns")),
+	}
+	if !lc.Google() {
+		// An image that shows the service's state cannot be run: say so
+		// now, not at the first create.
+		if err := os.MkdirAll(state, 0o700); err != nil {
+			return badInput("SANDGATE_STATE_DIR (--state-dir) %s: %v", state, err)
+		}
+		if err := localbox.CheckImage(lc.Rootfs, lc.Hide); err != nil {
+			return badInput("SANDGATE_ROOTFS (--rootfs) %q: %v", lc.Rootfs, err)
+		}
+	}
+	rt, modules, err := loadWasm(c, logger, true)
 	if err != nil {
 		return err
 	}
-	defer pp.Close()
+	defer closeWasm(rt, modules)
 
-	// The store, the sandbox CLI, the manager.
 	ctx := c.Context
 	var st store.Store
 	if b := c.String("bucket"); b != "" {
@@ -266,38 +270,23 @@ func runServe(c *cli.Context) error {
 		st = d
 		go removeStaleUploads(ctx, d, logger)
 	}
-	defer st.Close()
-	state, err := filepath.Abs(c.String("state-dir"))
-	if err != nil {
-		return badInput("SANDGATE_STATE_DIR (--state-dir): %v", err)
-	}
-	l, err := appliance.NewLauncher(appliance.LauncherConfig{
-		CLI: c.String("sandbox-cli"), StateDir: filepath.Join(state, "sandboxes"),
-		Memory: sc.memory, Pids: c.Int("sandbox-pids"), Rootfs: c.String("rootfs"), Logger: logger,
-		Hide: hiddenPaths(c, state), PrivateDir: state, UserNS: userNSMode(c.String("userns")),
-	})
-	if err != nil {
-		return err
-	}
-	if !l.Google() {
-		// An image that shows the service's state cannot be run: say so
-		// now, not at the first create.
-		if err := os.MkdirAll(state, 0o700); err != nil {
-			return badInput("SANDGATE_STATE_DIR (--state-dir) %s: %v", state, err)
-		}
-		if err := localbox.CheckImage(c.String("rootfs"), hiddenPaths(c, state)); err != nil {
-			return badInput("SANDGATE_ROOTFS (--rootfs) %q: %v", c.String("rootfs"), err)
-		}
-	}
 	idle := c.Duration("idle-suspend")
 	if idle == 0 {
 		idle = -1
 	}
-	m, err := appliance.NewManager(ctx, appliance.ManagerConfig{
-		Launcher: l, Proxy: pp.proxy, Store: st, ImageID: sc.imageID, Version: serveVersion(),
-		WorkDir: filepath.Join(state, "work"), MaxRunning: c.Int("max-sandboxes"), IdleSuspend: idle,
-		AllowedHosts: sc.allowedHosts, BaseURLs: sc.baseURLs, OutputBytes: int(sc.outputBytes),
-		Modules: pp.runtime, Audit: rings, Logger: logger, Metrics: pp.reg,
+	svc, err := service.New(ctx, service.Config{
+		DNSServers: splitAll(c.StringSlice("dns")), AllowPrivate: sc.allowPrivate, UpstreamRoots: roots,
+		AuditLog: auditOut, Modules: rt, ServiceModules: modules, Store: st, Launcher: lc, Logger: logger,
+		Manager: appliance.ManagerConfig{
+			ImageID: sc.imageID, Version: serveVersion(), WorkDir: filepath.Join(state, "work"),
+			MaxRunning: c.Int("max-sandboxes"), IdleSuspend: idle,
+			AllowedHosts: sc.allowedHosts, BaseURLs: sc.baseURLs, OutputBytes: int(sc.outputBytes),
+		},
+		Server: server.Config{
+			Token: c.String("token"), LocalOnly: loopback && c.String("token") == "", LocalHosts: splitAll([]string{c.String("local-hostnames")}),
+			Version: serveVersion(), Home: c.String("home"), WorkDir: c.String("workdir"), Path: c.String("path"),
+			EgressPort: c.Int("egress-port"),
+		},
 	})
 	if errors.Is(err, appliance.ErrBadInput) {
 		return badInput("%v", err)
@@ -305,30 +294,14 @@ func runServe(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	srvh, err := server.New(server.Config{
-		Backend: m, Token: c.String("token"), LocalOnly: loopback && c.String("token") == "", LocalHosts: splitAll([]string{c.String("local-hostnames")}), Version: serveVersion(),
-		Home: c.String("home"), WorkDir: c.String("workdir"), Path: c.String("path"),
-		EgressPort: c.Int("egress-port"), Metrics: pp.reg, Logger: logger,
-	})
-	if err != nil {
-		return badInput("%v", err)
-	}
-	defer srvh.Close()
-	hs := &http.Server{Handler: srvh, ReadHeaderTimeout: 30 * time.Second, ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelDebug)}
-	// HTTP/2 without TLS too: Cloud Run's front end speaks it to the
-	// container when the service uses --use-http2, which lifts its 32 MiB
-	// cap on HTTP/1 request bodies.
-	hs.Protocols = new(http.Protocols)
-	hs.Protocols.SetHTTP1(true)
-	hs.Protocols.SetUnencryptedHTTP2(true)
 	served := make(chan error, 1)
-	go func() { served <- hs.Serve(ln) }()
-	logger.Info("sandgate serving", "addr", ln.Addr().String(), "cli", l.String(), "store", storeName(c), "image_id", sc.imageID,
-		"template_namespace", m.Namespace(), "cloud_run", sc.cloudRun, "token", c.String("token") != "")
+	go func() { served <- svc.Serve(ln) }()
+	logger.Info("sandgate serving", "addr", ln.Addr().String(), "cli", svc.Launcher.String(), "store", storeName(c), "image_id", sc.imageID,
+		"template_namespace", svc.Manager.Namespace(), "cloud_run", sc.cloudRun, "token", c.String("token") != "")
 
 	select {
 	case err := <-served:
-		m.Close(context.Background())
+		svc.Shutdown(context.Background())
 		return fmt.Errorf("serving: %w", err)
 	case <-ctx.Done():
 	}
@@ -336,16 +309,15 @@ func runServe(c *cli.Context) error {
 	logger.Info("stopping: refusing new requests and saving every running sandbox", "grace", grace.String())
 	gctx, cancel := context.WithTimeoutCause(context.Background(), grace, errors.New("shutdown grace period over"))
 	defer cancel()
-	ln.Close() // no new connections; those open are served until drained
-	saved := m.Close(gctx)
-	if len(saved.Failed) == 0 {
-		logger.Info(fmt.Sprintf("saved %d sandboxes", len(saved.Saved)), "saved", saved.Saved)
+	res := svc.Shutdown(gctx)
+	if len(res.Failed) == 0 {
+		logger.Info(fmt.Sprintf("saved %d sandboxes", len(res.Saved)), "saved", res.Saved)
 	}
-	if err := hs.Shutdown(gctx); err != nil {
-		hs.Close()
-	}
-	if err := pp.proxy.Shutdown(gctx); err != nil {
+	if res.EgressCut {
 		logger.Warn("egress connections still open at the end of the grace period were cut")
+	}
+	if res.RequestsCut {
+		logger.Warn("requests still open at the end of the grace period were cut")
 	}
 	logger.Info("stopped")
 	return nil

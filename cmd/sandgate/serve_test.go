@@ -18,7 +18,7 @@ import (
 	"time"
 
 	"github.com/sandgate/sandgate/api"
-	"github.com/sandgate/sandgate/internal/gcstest"
+	"github.com/sandgate/sandgate/internal/testkit/gcstest"
 )
 
 // serveEnv is an environment for `sandgate serve` of a test's own: its

@@ -13,7 +13,7 @@ import (
 
 	"github.com/klauspost/compress/zstd"
 
-	"github.com/sandgate/sandgate/internal/gcstest"
+	"github.com/sandgate/sandgate/internal/testkit/gcstest"
 	"github.com/sandgate/sandgate/snapshot"
 )
 

@@ -15,10 +15,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandgate/sandgate/internal/dnstest"
-	"github.com/sandgate/sandgate/internal/tlstest"
+	"github.com/sandgate/sandgate/internal/testkit/dnstest"
+	"github.com/sandgate/sandgate/internal/testkit/tlstest"
 
-	"github.com/sandgate/sandgate/internal/gobuild"
+	"github.com/sandgate/sandgate/internal/testkit/gobuild"
 )
 
 // probeGuest builds the host tests' probe guest (a script-driven http-wasm

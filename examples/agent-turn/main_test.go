@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandgate/sandgate/internal/gobuild"
-	"github.com/sandgate/sandgate/internal/servetest"
+	"github.com/sandgate/sandgate/internal/testkit/gobuild"
+	"github.com/sandgate/sandgate/internal/testkit/servetest"
 )
 
 func TestMain(m *testing.M) {

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/fsouza/fake-gcs-server/fakestorage"
-	"github.com/sandgate/sandgate/internal/gcstest"
+	"github.com/sandgate/sandgate/internal/testkit/gcstest"
 	"github.com/sandgate/sandgate/snapshot/store"
 )
 

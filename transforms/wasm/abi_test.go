@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/sandgate/sandgate/internal/syncbuf"
+	"github.com/sandgate/sandgate/internal/testkit/syncbuf"
 )
 
 // notesHave fails unless every want is one of the notes (without the

@@ -10,7 +10,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/sandgate/sandgate/internal/gobuild"
+	"github.com/sandgate/sandgate/internal/testkit/gobuild"
 )
 
 // sendable checks that req can be written on the wire and read back as

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandgate/sandgate/internal/gobuild"
+	"github.com/sandgate/sandgate/internal/testkit/gobuild"
 )
 
 func TestMain(m *testing.M) {

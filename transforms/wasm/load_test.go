@@ -3,12 +3,14 @@ package wasm
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 
-	"github.com/sandgate/sandgate/internal/syncbuf"
+	"github.com/sandgate/sandgate/internal/testkit/syncbuf"
 )
 
 func TestLoadRefusesWithTheNameOfWhatIsWrong(t *testing.T) {
@@ -165,5 +167,39 @@ func TestStartErrorsLoggedWhenTheStartSucceeds(t *testing.T) {
 	probe(t, r, "init log 2 deprecated%20config")
 	if !strings.Contains(logs.String(), `level=ERROR msg="deprecated config" module=probe`) {
 		t.Errorf("the start's error message was not logged:\n%s", logs.String())
+	}
+}
+
+// TestLiveCounts: Live counts modules, their shared code and their
+// instances, and closing every module brings each back to where it was.
+func TestLiveCounts(t *testing.T) {
+	r := newRuntime(t, Config{})
+	ctx := context.Background()
+	if got := r.Live(); got != (LiveCounts{}) {
+		t.Fatalf("a new runtime holds %+v", got)
+	}
+	var mods []*Module
+	for i := range 3 {
+		m, err := r.Load(ctx, fmt.Sprint("probe", i), guest(t, "probe"), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mods = append(mods, m)
+	}
+	// Concurrent calls make a module start instances beyond its first.
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() { mustRun(t, outbound(t, "GET", "http://x/", ""), mods[0]) })
+	}
+	wg.Wait()
+	got := r.Live()
+	if got.Modules != 3 || got.Compiled != 1 || got.Instances < 3 {
+		t.Fatalf("three modules of one binary: %+v, want 3 modules, 1 compiled, at least 3 instances", got)
+	}
+	for _, m := range mods {
+		m.Close(ctx)
+	}
+	if got := r.Live(); got != (LiveCounts{}) {
+		t.Errorf("every module closed, the runtime still holds %+v", got)
 	}
 }

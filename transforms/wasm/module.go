@@ -119,6 +119,7 @@ func (r *Runtime) Load(ctx context.Context, name string, bin []byte, config []by
 		return nil, err
 	}
 	m.features = inst.features
+	r.modules.Add(1)
 	m.put(inst)
 	return m, nil
 }
@@ -218,6 +219,7 @@ func (m *Module) Close(ctx context.Context) error {
 	idle := m.idle
 	m.idle = nil
 	m.mu.Unlock()
+	m.rt.modules.Add(-1)
 	for _, inst := range idle {
 		m.closeInstance(inst)
 	}
@@ -251,7 +253,9 @@ func (m *Module) instantiate(ctx context.Context) (*instance, error) {
 		return nil, loadError(m.name, err, "cannot be instantiated%s", inst.stderr.suffix())
 	}
 	stop, ok := mod.ExportedGlobal(boundStopName).(api.MutableGlobal)
+	m.rt.instances.Add(1)
 	if !ok { // cannot happen: bound exports it
+		m.rt.instances.Add(-1)
 		mod.Close(ctx)
 		return nil, loadError(m.name, nil, "has no %s global", boundStopName)
 	}
@@ -426,6 +430,7 @@ func (m *Module) put(inst *instance) {
 func (m *Module) closeInstance(inst *instance) {
 	m.rt.wd.remove(inst.cc)
 	inst.mod.Close(context.Background())
+	m.rt.instances.Add(-1)
 }
 
 // Idle returns the number of idle instances in the pool (for tests and

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/tetratelabs/wazero"
@@ -135,9 +136,30 @@ type Runtime struct {
 	wd        *watchdog
 	callSlots chan struct{}
 
+	// modules and instances count those loaded and not closed, those
+	// started and not closed (Live).
+	modules, instances atomic.Int64
+
 	mu       sync.Mutex
 	compiled map[[32]byte]*compiledEntry
 	closed   bool
+}
+
+// LiveCounts is what a runtime holds: a sandbox's modules closed on
+// suspend and destroy leave these where they were before it loaded them.
+type LiveCounts struct {
+	// Modules are loaded and not closed; Compiled their distinct code
+	// (modules loaded from the same bytes share it); Instances started and
+	// not closed, idle or serving a call.
+	Modules, Compiled, Instances int
+}
+
+// Live counts what the runtime holds now.
+func (r *Runtime) Live() LiveCounts {
+	r.mu.Lock()
+	compiled := len(r.compiled)
+	r.mu.Unlock()
+	return LiveCounts{Modules: int(r.modules.Load()), Compiled: compiled, Instances: int(r.instances.Load())}
 }
 
 type compiledEntry struct {

@@ -36,8 +36,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/sandgate/sandgate/internal/dnstest"
-	"github.com/sandgate/sandgate/internal/tlstest"
+	"github.com/sandgate/sandgate/internal/testkit/dnstest"
+	"github.com/sandgate/sandgate/internal/testkit/tlstest"
 )
 
 // Host is the upstream's name: the DNS server answers it with the

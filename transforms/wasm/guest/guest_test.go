@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/sandgate/sandgate/internal/gobuild"
+	"github.com/sandgate/sandgate/internal/testkit/gobuild"
 )
 
 func TestMain(m *testing.M) {
