@@ -3,15 +3,31 @@ package appliance
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"runtime"
 	"strconv"
 	"testing"
 	"time"
 
+	"github.com/sandgate/sandgate/appliance/agent"
 	"github.com/sandgate/sandgate/internal/testkit/gobuild"
 	"github.com/sandgate/sandgate/transforms/wasm"
 )
+
+// passModule is the smallest module the runtime loads: a memory, and
+// handle_request returning 1 (pass the request on). Its instances cost
+// microseconds to start, so the cycles measure the sandbox's lifecycle.
+var passModule = []byte{
+	0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00, // magic, version
+	0x01, 0x05, 0x01, 0x60, 0x00, 0x01, 0x7e, // type 0: () -> i64
+	0x03, 0x02, 0x01, 0x00, // func 0: type 0
+	0x05, 0x03, 0x01, 0x00, 0x01, // memory 0: 1 page
+	0x07, 0x1b, 0x02, // exports:
+	0x06, 'm', 'e', 'm', 'o', 'r', 'y', 0x02, 0x00,
+	0x0e, 'h', 'a', 'n', 'd', 'l', 'e', '_', 'r', 'e', 'q', 'u', 'e', 's', 't', 0x00, 0x00,
+	0x0a, 0x06, 0x01, 0x04, 0x00, 0x42, 0x01, 0x0b, // code: i64.const 1
+}
 
 // leakCycles is how many cycles each leak test runs: 200, or
 // SANDGATE_LEAK_CYCLES (a longer hunt).
@@ -36,27 +52,62 @@ func heapInUse() (uint64, int) {
 	return ms.HeapAlloc, runtime.NumGoroutine()
 }
 
-// settled waits (bounded) for the goroutines to come back to at most want
-// (those ending a stopped sandbox's links end a moment after it), and
-// returns the heap and goroutines then.
-func settled(want int) (uint64, int) {
-	heap, g := heapInUse()
-	for i := 0; i < 100 && g > want; i++ {
-		time.Sleep(50 * time.Millisecond)
-		heap, g = heapInUse()
+// settled waits (bounded) for the goroutines to come back to at most
+// want and the live heap to at most heap+leakSlack: a stopped sandbox's
+// link ends a moment after it, and releases its memory within
+// agent.StreamCloseTimeout. It returns the goroutines and heap then.
+func settled(want int, heap uint64) (uint64, int) {
+	deadline := time.Now().Add(agent.StreamCloseTimeout + 10*time.Second)
+	h, g := heapInUse()
+	for time.Now().Before(deadline) && (g > want || h > heap+leakSlack) {
+		time.Sleep(100 * time.Millisecond)
+		h, g = heapInUse()
 	}
-	return heap, g
+	return h, g
 }
 
 // leakSlack is what the live heap may grow by over all cycles: caches that
 // fill once (a pool's slabs, the store's), not a leak. One sandbox's
 // modules alone are a compiled module of megabytes; a leak of a few
 // kilobytes per cycle is over it by the end.
-const leakSlack = 1 << 20
+const leakSlack = 256 << 10
+
+// leakWorkers is how many cycles run at once: a cycle mostly waits on
+// the sandbox CLI, and the leak is counted after all of them.
+const leakWorkers = 4
+
+// inParallel runs f(0) … f(n-1) on leakWorkers goroutines and returns the
+// first error.
+func inParallel(n int, f func(i int) error) error {
+	errs := make(chan error, leakWorkers)
+	next := make(chan int)
+	for range leakWorkers {
+		go func() {
+			var first error
+			for i := range next {
+				if err := f(i); err != nil && first == nil {
+					first = err
+				}
+			}
+			errs <- first
+		}()
+	}
+	for i := range n {
+		next <- i
+	}
+	close(next)
+	var first error
+	for range leakWorkers {
+		if err := <-errs; err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
 
 // TestNoLeakAcrossLifecycles: a sandbox's modules, processes, rules and
 // links go with it. 200 cycles of create → set modules → exec → destroy,
-// and 200 suspend/resume cycles of a sandbox with modules, leave the
+// and 200 suspend/resume cycles of sandboxes with modules, leave the
 // runtime's module instances, the goroutines and the live heap where they
 // were after the first cycle (counted, not guessed).
 func TestNoLeakAcrossLifecycles(t *testing.T) {
@@ -65,52 +116,48 @@ func TestNoLeakAcrossLifecycles(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { rt.Close(context.Background()) })
-	bin, err := os.ReadFile(gobuild.Wasm(t, "github.com/sandgate/sandgate/wasm-examples/deny-path"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := newManagerRig(t, newStore(t, "dir"), func(c *ManagerConfig) { c.Modules = rt })
+	// The log is discarded: the rig's keeps every line, and would grow.
+	r := newManagerRig(t, newStore(t, "dir"), func(c *ManagerConfig) { c.Modules, c.Logger = rt, slog.New(slog.DiscardHandler) })
 	n := leakCycles(t)
-	mods := []ModuleSource{{Name: "deny-path", Wasm: bin, Config: []byte("^/admin")}}
-
-	// One cycle of each first: what fills once is filled.
+	mods := []ModuleSource{{Name: "pass", Wasm: passModule}, {Name: "pass-too", Wasm: passModule, Config: []byte("x")}}
+	rules := r.rules(t).Rules()
 	// One context for all: the rig's ctx() registers a cleanup per call.
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
 	net := NetworkSpec{Policy: ptr(r.pol), BaseURLs: map[string]string{"ANTHROPIC_BASE_URL": "https://api.example.com"}}
-	create := func(id string) {
-		t.Helper()
-		if _, err := r.m.Create(ctx, id, CreateOptions{Network: net, Rules: r.rules(t).Rules()}); err != nil {
-			t.Fatal(err)
+	create := func(id string) error {
+		if _, err := r.m.Create(ctx, id, CreateOptions{Network: net, Rules: rules}); err != nil {
+			return err
 		}
-		if err := r.m.SetModules(ctx, id, mods); err != nil {
-			t.Fatal(err)
-		}
+		return r.m.SetModules(ctx, id, mods)
 	}
-	cycle := func(id string) {
-		t.Helper()
-		create(id)
+	cycle := func(id string) error {
+		if err := create(id); err != nil {
+			return err
+		}
 		p, err := r.m.Exec(ctx, id, ExecRequest{Args: []string{"/bin/sh", "-c", "echo hi"}})
 		if err != nil {
-			t.Fatal(err)
+			return err
 		}
 		if code, ok := p.Wait(ctx); !ok || code != 0 {
-			t.Fatalf("exec: %d %v", code, ok)
+			return fmt.Errorf("exec in %s: exit %d (ended: %v)", id, code, ok)
 		}
-		if err := r.m.Destroy(ctx, id); err != nil {
-			t.Fatal(err)
-		}
+		return r.m.Destroy(ctx, id)
 	}
-	cycle("warm")
+
+	// One round first: what fills once is filled.
+	if err := inParallel(leakWorkers, func(i int) error { return cycle(fmt.Sprint("warm", i)) }); err != nil {
+		t.Fatal(err)
+	}
 	live0 := rt.Live()
 	heap0, g0 := heapInUse()
 	if live0 != (wasm.LiveCounts{}) {
 		t.Fatalf("no sandbox left, the runtime holds %+v", live0)
 	}
-	for i := range n {
-		cycle(fmt.Sprint("c", i))
+	if err := inParallel(n, func(i int) error { return cycle(fmt.Sprint("c", i)) }); err != nil {
+		t.Fatal(err)
 	}
-	heap1, g1 := settled(g0)
+	heap1, g1 := settled(g0, heap0)
 	if got := rt.Live(); got != live0 {
 		t.Errorf("after %d create → modules → destroy cycles the runtime holds %+v, want %+v", n, got, live0)
 	}
@@ -122,29 +169,35 @@ func TestNoLeakAcrossLifecycles(t *testing.T) {
 	}
 	t.Logf("create → modules → destroy ×%d: heap %d → %d bytes, goroutines %d → %d", n, heap0, heap1, g0, g1)
 
-	create("sr")
-	suspendResume := func() {
-		t.Helper()
-		if err := r.m.Suspend(ctx, "sr"); err != nil {
-			t.Fatal(err)
+	// Suspended, a sandbox's modules are closed; resumed, loaded again.
+	suspendResume := func(i int) error {
+		id := fmt.Sprint("sr", i%leakWorkers)
+		if err := r.m.Suspend(ctx, id); err != nil {
+			return err
 		}
-		if got := rt.Live(); got != (wasm.LiveCounts{}) {
-			t.Fatalf("suspended, its modules still hold %+v", got)
+		if in, err := r.m.Get(ctx, id); err != nil || len(in.Modules) != len(mods) {
+			return fmt.Errorf("suspended %s lists modules %+v (%v), want %d", id, in.Modules, err, len(mods))
 		}
-		if _, err := r.m.Resume(ctx, "sr", ResumeOptions{Rules: r.rules(t).Rules()}); err != nil {
+		_, err := r.m.Resume(ctx, id, ResumeOptions{Rules: rules})
+		return err
+	}
+	for i := range leakWorkers {
+		if err := create(fmt.Sprint("sr", i)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	suspendResume()
+	if err := inParallel(leakWorkers, suspendResume); err != nil {
+		t.Fatal(err)
+	}
 	live0 = rt.Live()
 	heap0, g0 = heapInUse()
-	if live0.Modules != 1 {
-		t.Fatalf("resumed, the sandbox's module is not loaded: %+v", live0)
+	if live0.Modules != leakWorkers*len(mods) {
+		t.Fatalf("resumed, the sandboxes' modules are not all loaded: %+v", live0)
 	}
-	for range n {
-		suspendResume()
+	if err := inParallel(n, suspendResume); err != nil {
+		t.Fatal(err)
 	}
-	heap1, g1 = settled(g0)
+	heap1, g1 = settled(g0, heap0)
 	if got := rt.Live(); got.Modules != live0.Modules || got.Compiled != live0.Compiled || got.Instances > live0.Instances {
 		t.Errorf("after %d suspend/resume cycles the runtime holds %+v, want %+v", n, got, live0)
 	}
@@ -155,8 +208,10 @@ func TestNoLeakAcrossLifecycles(t *testing.T) {
 		t.Errorf("after %d suspend/resume cycles the live heap is %d bytes, %d before (+%d/cycle)", n, heap1, heap0, (heap1-heap0)/uint64(n))
 	}
 	t.Logf("suspend/resume ×%d: heap %d → %d bytes, goroutines %d → %d", n, heap0, heap1, g0, g1)
-	if err := r.m.Destroy(ctx, "sr"); err != nil {
-		t.Fatal(err)
+	for i := range leakWorkers {
+		if err := r.m.Destroy(ctx, fmt.Sprint("sr", i)); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if got := rt.Live(); got != (wasm.LiveCounts{}) {
 		t.Errorf("every sandbox destroyed, the runtime holds %+v", got)

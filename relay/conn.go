@@ -18,11 +18,11 @@ import (
 
 // clientConn is one connection from a sandbox, served request by request.
 type clientConn struct {
-	p  *Proxy
-	sb *Tenant
-	c  net.Conn
-	br *bufio.Reader
-	bw *bufio.Writer
+	p      *Proxy
+	tenant *Tenant
+	c      net.Conn
+	br     *bufio.Reader
+	bw     *bufio.Writer
 	// stateMu guards busy and stopping. busy is set while a request is
 	// read or served; a connection that is not busy is closed when its
 	// Serve context ends (stopping), one that is finishes its request first.
@@ -34,8 +34,8 @@ type clientConn struct {
 	linger bool
 }
 
-func newClientConn(p *Proxy, sb *Tenant, c net.Conn) *clientConn {
-	cc := &clientConn{p: p, sb: sb, c: c}
+func newClientConn(p *Proxy, tenant *Tenant, c net.Conn) *clientConn {
+	cc := &clientConn{p: p, tenant: tenant, c: c}
 	if r, ok := p.readers.Get().(*bufio.Reader); ok {
 		r.Reset(c)
 		cc.br = r
@@ -269,7 +269,7 @@ func checkFraming(head []byte) error {
 // refused before it had a destination still gets an audit event.
 func (cc *clientConn) refuse(err error, req *http.Request) {
 	e := asError(err)
-	ev := audit.Event{Sandbox: cc.sb.id, Kind: audit.Refused, Code: e.Code, Reason: e.Reason, Status: e.Status}
+	ev := audit.Event{Sandbox: cc.tenant.id, Kind: audit.Refused, Code: e.Code, Reason: e.Reason, Status: e.Status}
 	if req != nil {
 		ev.Method = req.Method
 		if t, terr := parseTarget(req.Method, req.RequestURI); terr == nil {

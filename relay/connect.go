@@ -21,8 +21,8 @@ import (
 // idles out. The audit event is written when the tunnel closes.
 func (cc *clientConn) connect(ctx context.Context, req *http.Request, t target) {
 	start := time.Now()
-	ev := audit.Event{Sandbox: cc.sb.id, Kind: audit.Connect, Host: t.host, Port: t.port, Method: req.Method}
-	dec, err := cc.p.cfg.Decider.Decide(ctx, netpolicy.DecideArgs{Policy: cc.sb.Policy(), Host: t.host, Port: t.port})
+	ev := audit.Event{Sandbox: cc.tenant.id, Kind: audit.Connect, Host: t.host, Port: t.port, Method: req.Method}
+	dec, err := cc.p.cfg.Decider.Decide(ctx, netpolicy.DecideArgs{Policy: cc.tenant.Policy(), Host: t.host, Port: t.port})
 	fillDecision(&ev, dec)
 	if err == nil && !dec.Allow {
 		err = denied(dec)

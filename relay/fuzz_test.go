@@ -69,11 +69,11 @@ func FuzzServeConn(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	sb := NewTenant("fuzz", netpolicy.Policy{Mode: netpolicy.DenyAll}, nil)
+	tenant := NewTenant("fuzz", netpolicy.Policy{Mode: netpolicy.DenyAll}, nil)
 	f.Fuzz(func(t *testing.T, data []byte) {
 		client, server := net.Pipe()
 		done := make(chan struct{})
-		go func() { p.ServeConn(context.Background(), server, sb); close(done) }()
+		go func() { p.ServeConn(context.Background(), server, tenant); close(done) }()
 		go func() {
 			client.SetDeadline(time.Now().Add(2 * time.Second))
 			client.Write(data)

@@ -231,11 +231,11 @@ func (s *Tenant) upstream(p *Proxy) *upstreamPool {
 	return s.pool
 }
 
-// Serve accepts connections on ln and serves each as sandbox sb until ctx
+// Serve accepts connections on ln and serves each as the tenant until ctx
 // ends or ln fails, then closes ln and returns when every connection it
 // accepted is finished: idle ones are closed at once, requests and tunnels
 // in progress are let finish (until Close).
-func (p *Proxy) Serve(ctx context.Context, ln net.Listener, sb *Tenant) error {
+func (p *Proxy) Serve(ctx context.Context, ln net.Listener, tenant *Tenant) error {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	stopSoft := context.AfterFunc(p.soft, func() { cancel(context.Cause(p.soft)) })
@@ -261,32 +261,32 @@ func (p *Proxy) Serve(ctx context.Context, ln net.Listener, sb *Tenant) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			p.ServeConn(ctx, c, sb)
+			p.ServeConn(ctx, c, tenant)
 		}()
 	}
 }
 
 // ServeConn serves one connection (a TCP connection or a stream of a
-// sandbox's link) as sandbox sb, and closes it when done. When ctx ends the
+// sandbox's link) as tenant, and closes it when done. When ctx ends the
 // connection is closed if it is between requests; a request or tunnel in
 // progress is let finish, until Close cuts it. ServeConn returns when the
 // connection is finished.
-func (p *Proxy) ServeConn(ctx context.Context, c net.Conn, sb *Tenant) {
+func (p *Proxy) ServeConn(ctx context.Context, c net.Conn, tenant *Tenant) {
 	if !p.track(c) {
 		c.Close()
 		return
 	}
 	defer p.untrack(c)
-	cc := newClientConn(p, sb, c)
+	cc := newClientConn(p, tenant, c)
 	defer cc.release() // after the Close below: nothing reads c's buffers then
 	defer c.Close()
 	// Every connection counts against the sandbox's cap from the moment it
 	// is accepted, idle or half-sent ones included: each holds buffers.
-	if !sb.acquire(p.cfg.MaxConns) {
-		cc.refuse(limitError(fmt.Sprintf("sandbox %s already has %d connections open", sb.id, p.cfg.MaxConns), time.Second), nil)
+	if !tenant.acquire(p.cfg.MaxConns) {
+		cc.refuse(limitError(fmt.Sprintf("sandbox %s already has %d connections open", tenant.id, p.cfg.MaxConns), time.Second), nil)
 		return
 	}
-	defer sb.release()
+	defer tenant.release()
 	stop := context.AfterFunc(ctx, cc.stop)
 	defer stop()
 	stopSoft := context.AfterFunc(p.soft, cc.stop)

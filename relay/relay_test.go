@@ -40,7 +40,7 @@ type env struct {
 	ca      *tlstest.CA
 	decider *netpolicy.Decider
 	proxy   *Proxy
-	sb      *Tenant
+	tenant  *Tenant
 	addr    string // proxy listen address
 	rings   *audit.Rings
 	log     *syncbuf.Buffer    // audit JSON lines and operational logs
@@ -94,7 +94,7 @@ func newEnvTB(t testing.TB, policy string, rules string, opts ...envOpt) *env {
 		}
 		rs.Set(list...)
 	}
-	e.sb = NewTenant("sb-test", pol, rs)
+	e.tenant = NewTenant("tenant-test", pol, rs)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -103,11 +103,11 @@ func newEnvTB(t testing.TB, policy string, rules string, opts ...envOpt) *env {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	e.stop, e.served = cancel, done
-	go func() { e.proxy.Serve(ctx, ln, e.sb); close(done) }()
+	go func() { e.proxy.Serve(ctx, ln, e.tenant); close(done) }()
 	t.Cleanup(func() {
 		cancel()
 		e.proxy.Close()
-		e.sb.Close()
+		e.tenant.Close()
 		select {
 		case <-done:
 		case <-time.After(10 * time.Second):
@@ -116,7 +116,7 @@ func newEnvTB(t testing.TB, policy string, rules string, opts ...envOpt) *env {
 		if strings.Contains(e.log.String(), canary) {
 			t.Errorf("the canary secret appears in the proxy's logs:\n%s", e.log.String())
 		}
-		for _, ev := range e.rings.Events(e.sb.ID()) {
+		for _, ev := range e.rings.Events(e.tenant.ID()) {
 			b, _ := json.Marshal(ev)
 			if strings.Contains(string(b), canary) {
 				t.Errorf("the canary secret appears in an audit event: %s", b)
@@ -189,12 +189,12 @@ func (e *env) event(n int) audit.Event {
 	e.t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
-		if evs := e.rings.Events(e.sb.ID()); len(evs) >= n {
+		if evs := e.rings.Events(e.tenant.ID()); len(evs) >= n {
 			return evs[n-1]
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	e.t.Fatalf("audit event %d never came; have %v", n, e.rings.Events(e.sb.ID()))
+	e.t.Fatalf("audit event %d never came; have %v", n, e.rings.Events(e.tenant.ID()))
 	return audit.Event{}
 }
 
@@ -314,7 +314,7 @@ func TestConnectIPLiteralNeedsCIDR(t *testing.T) {
 		t.Errorf("IP literal without CIDR rule: %d %q", resp.StatusCode, b)
 	}
 	pol, _ := netpolicy.ParsePolicy([]byte(`{"mode":"custom","allowedCIDRs":["` + a.String() + `/32"]}`))
-	e.sb.SetPolicy(pol)
+	e.tenant.SetPolicy(pol)
 	resp = e.raw("CONNECT " + a.String() + ":443 HTTP/1.1\r\n\r\n")
 	if resp.StatusCode != 200 {
 		t.Errorf("IP literal with CIDR rule: %d %q", resp.StatusCode, body(t, resp))
@@ -601,7 +601,7 @@ func TestLimits(t *testing.T) {
 			io.WriteString(c, "G")
 		}
 		deadline := time.Now().Add(10 * time.Second)
-		for e.sb.open.Load() < 2 && time.Now().Before(deadline) {
+		for e.tenant.open.Load() < 2 && time.Now().Before(deadline) {
 			time.Sleep(5 * time.Millisecond)
 		}
 		resp := e.raw("GET /https/api.example.com/ HTTP/1.1\r\nHost: p\r\n\r\n")
@@ -1025,7 +1025,7 @@ func TestBaseURLOwnOriginRouted(t *testing.T) {
 		origins = append(origins, o)
 	}
 	rules, _ := netpolicy.ParseHostRules([]string{"model.example.com", "api.example.com", "public.example.com"})
-	e.sb.SetPolicy(netpolicy.Policy{Mode: netpolicy.Custom, RouteHosts: rules, RouteOrigins: origins})
+	e.tenant.SetPolicy(netpolicy.Policy{Mode: netpolicy.Custom, RouteHosts: rules, RouteOrigins: origins})
 	get := func(path string) (int, string) {
 		resp, err := e.routeClient().Get("http://" + e.addr + path)
 		if err != nil {

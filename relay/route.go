@@ -28,7 +28,7 @@ import (
 // carry another request.
 func (cc *clientConn) route(ctx context.Context, req *http.Request, t target) bool {
 	start := time.Now()
-	ev := audit.Event{Sandbox: cc.sb.id, Kind: audit.Route, Host: t.host, Port: t.port, Method: req.Method, Path: pathOnly(t.rest)}
+	ev := audit.Event{Sandbox: cc.tenant.id, Kind: audit.Route, Host: t.host, Port: t.port, Method: req.Method, Path: pathOnly(t.rest)}
 	body := &countingBody{r: req.Body, conn: cc.c, idle: cc.p.cfg.IdleTimeout}
 	x, keep, err := cc.forward(ctx, req, t, &ev, body)
 	var refusal *Error // written once the event is recorded, as every refusal is
@@ -78,7 +78,7 @@ func (cc *clientConn) route(ctx context.Context, req *http.Request, t target) bo
 // get that far), which route closes. An error means nothing has been
 // written to the sandbox yet.
 func (cc *clientConn) forward(ctx context.Context, req *http.Request, t target, ev *audit.Event, body *countingBody) (*transforms.Exchange, bool, error) {
-	dec, err := cc.p.cfg.Decider.Decide(ctx, netpolicy.DecideArgs{Policy: cc.sb.Policy(), Host: t.host, Port: t.port, Route: true, Plain: t.plain})
+	dec, err := cc.p.cfg.Decider.Decide(ctx, netpolicy.DecideArgs{Policy: cc.tenant.Policy(), Host: t.host, Port: t.port, Route: true, Plain: t.plain})
 	fillDecision(ev, dec)
 	if err != nil {
 		return nil, false, err
@@ -103,8 +103,8 @@ func (cc *clientConn) forward(ctx context.Context, req *http.Request, t target, 
 
 	// The chain enforces the order: modules, then the swap; on the way
 	// back the scrub, then the modules.
-	chain := transforms.Chain{Modules: cc.sb.modulesWith(cc.p.cfg.Modules), Rules: cc.sb.transforms}
-	info := transforms.RequestInfo{Sandbox: cc.sb.id, Proto: req.Proto}
+	chain := transforms.Chain{Modules: cc.tenant.modulesWith(cc.p.cfg.Modules), Rules: cc.tenant.transforms}
+	info := transforms.RequestInfo{Sandbox: cc.tenant.id, Proto: req.Proto}
 	if expect {
 		info.BeforeBodyRead = continue100
 	}
@@ -123,7 +123,7 @@ func (cc *clientConn) forward(ctx context.Context, req *http.Request, t target, 
 	}
 
 	continue100()
-	resp, addr, err := cc.sb.upstream(cc.p).roundTrip(ctx, out, upstreamDest{host: dec.Host.String(), port: dec.Port, plain: t.plain}, &dec)
+	resp, addr, err := cc.tenant.upstream(cc.p).roundTrip(ctx, out, upstreamDest{host: dec.Host.String(), port: dec.Port, plain: t.plain}, &dec)
 	if addr.IsValid() {
 		ev.Addr = netip.AddrPortFrom(addr, uint16(dec.Port)).String()
 	}

@@ -77,7 +77,7 @@ func TestUpstreamConnectionReuse(t *testing.T) {
 	}
 	// A policy change drops kept-alive connections.
 	before := ra.conns()
-	e.sb.SetPolicy(e.sb.Policy())
+	e.tenant.SetPolicy(e.tenant.Policy())
 	if code, _ := e.get(t, "api.example.com/after-policy"); code != 200 {
 		t.Fatalf("after SetPolicy: %d", code)
 	}

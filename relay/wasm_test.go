@@ -109,7 +109,7 @@ func TestModuleRewritesRequestAndResponse(t *testing.T) {
 	sandbox := probeModule(t, r, "sandbox", "req add 0 X-Order sandbox", "req write 0 replaced", "req note from-sandbox-module",
 		"init enable 2", "resp read 1 100", "resp write 1 rewritten", "resp setstatus 202")
 	e := newEnv(t, `{"mode":"custom","allowedHosts":["api.example.com"]}`, "", withModules(wasm.NewChain(service)))
-	e.sb.SetModules(wasm.NewChain(sandbox))
+	e.tenant.SetModules(wasm.NewChain(sandbox))
 	var got struct {
 		uri, body string
 		order     []string
@@ -162,7 +162,7 @@ func TestModuleRefuses(t *testing.T) {
 	}
 	// A refusal with the module's own body.
 	withBody := probeModule(t, r, "budget", `req refuse 413 too%20big`, `req write 1 {"error":"budget"}`, "req set 1 Content-Type application/json")
-	e.sb.SetModules(wasm.NewChain(withBody))
+	e.tenant.SetModules(wasm.NewChain(withBody))
 	resp, err = e.routeClient().Get(e.routeURL("api.example.com/x"))
 	if err != nil {
 		t.Fatal(err)

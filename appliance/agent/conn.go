@@ -27,10 +27,21 @@ func yamuxConfig(logger *slog.Logger) *yamux.Config {
 	cfg.EnableKeepAlive = true
 	cfg.KeepAliveInterval = 15 * time.Second
 	cfg.ConnectionWriteTimeout = 15 * time.Second
+	// A stream closed on our side waits this long for the other side's
+	// FIN before yamux forgets it. yamux does not stop that timer when the
+	// session ends, so it holds the whole session (buffers, the agent
+	// client) that long after a sandbox stops: its default, 5 minutes, was
+	// megabytes held per few hundred sandboxes. The agent answers in
+	// microseconds; one that does not is reset after this.
+	cfg.StreamCloseTimeout = StreamCloseTimeout
 	cfg.LogOutput = nil
 	cfg.Logger = yamuxLogger{logger}
 	return cfg
 }
+
+// StreamCloseTimeout bounds how long a link's stream closed on one side
+// waits for the other's close, and so how long a link's memory outlives it.
+const StreamCloseTimeout = 10 * time.Second
 
 // yamuxLogger sends yamux's own messages to slog at debug level.
 type yamuxLogger struct{ l *slog.Logger }

@@ -31,10 +31,10 @@ import (
 // egressEnv is a real relay.Proxy on loopback (its own DNS server, a CA and
 // an HTTPS upstream on 127.x.y.z:443) serving a link's egress streams.
 type egressEnv struct {
-	l     *link
-	ca    *tlstest.CA
-	rings *audit.Rings
-	sb    *relay.Tenant
+	l      *link
+	ca     *tlstest.CA
+	rings  *audit.Rings
+	tenant *relay.Tenant
 
 	mu    sync.Mutex
 	types map[string]int // the Go types of the conns handed to Egress
@@ -74,17 +74,17 @@ func newEgressEnvOver(t *testing.T, kind transport) *egressEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sb := relay.NewTenant("sb-agent-test", pol, nil)
+	tenant := relay.NewTenant("tenant-agent-test", pol, nil)
 	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(func() { cancel(); proxy.Close(); sb.Close() })
-	e := &egressEnv{ca: ca, rings: rings, sb: sb, types: map[string]int{}}
+	t.Cleanup(func() { cancel(); proxy.Close(); tenant.Close() })
+	e := &egressEnv{ca: ca, rings: rings, tenant: tenant, types: map[string]int{}}
 	e.l = startLinkOver(t, kind, ClientOptions{
 		Config: Config{BaseURLs: map[string]string{"ANTHROPIC_BASE_URL": "https://api.example.com"}},
 		Egress: func(c net.Conn) {
 			e.mu.Lock()
 			e.types[fmt.Sprintf("%T", c)]++
 			e.mu.Unlock()
-			proxy.ServeConn(ctx, c, sb)
+			proxy.ServeConn(ctx, c, tenant)
 		},
 	}, nil)
 	return e
@@ -94,13 +94,13 @@ func newEgressEnvOver(t *testing.T, kind transport) *egressEnv {
 func (e *egressEnv) event(t *testing.T, fn func(audit.Event) bool) audit.Event {
 	t.Helper()
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
-		for _, ev := range e.rings.Events(e.sb.ID()) {
+		for _, ev := range e.rings.Events(e.tenant.ID()) {
 			if fn(ev) {
 				return ev
 			}
 		}
 	}
-	t.Fatalf("no matching audit event within 10s; have %+v", e.rings.Events(e.sb.ID()))
+	t.Fatalf("no matching audit event within 10s; have %+v", e.rings.Events(e.tenant.ID()))
 	return audit.Event{}
 }
 

@@ -80,9 +80,9 @@ func proxyRig(t *testing.T, cfg relay.Config, egress func(c net.Conn, serve func
 	if err != nil {
 		t.Fatal(err)
 	}
-	sb := relay.NewTenant("sb-hostile", pol, nil)
-	t.Cleanup(sb.Close)
-	serve := func(c net.Conn) { proxy.ServeConn(context.Background(), c, sb) }
+	tenant := relay.NewTenant("tenant-hostile", pol, nil)
+	t.Cleanup(tenant.Close)
+	serve := func(c net.Conn) { proxy.ServeConn(context.Background(), c, tenant) }
 	r := &fdRig{logs: &syncbuf.Buffer{}}
 	r.l = startLinkOver(t, socketPair, ClientOptions{
 		Logger: slog.New(slog.NewJSONHandler(r.logs, nil)),

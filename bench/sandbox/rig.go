@@ -97,8 +97,8 @@ func newRig(bin string) (_ *rig, err error) {
 	r.standalone = ln.Addr().String()
 	ctx, cancel := context.WithCancel(context.Background())
 	r.stopStandalone, r.served = cancel, make(chan error, 1)
-	sb := relay.NewTenant("standalone", r.policy, nil)
-	go func() { r.served <- r.proxy.Serve(ctx, ln, sb) }()
+	tenant := relay.NewTenant("standalone", r.policy, nil)
+	go func() { r.served <- r.proxy.Serve(ctx, ln, tenant) }()
 	r.closers = append(r.closers, func() {
 		cancel()
 		select {

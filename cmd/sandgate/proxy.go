@@ -103,12 +103,12 @@ func runProxy(c *cli.Context) error {
 		go serveMetrics(ctx, mln, reg, logger)
 		logger.Info("metrics listening", "addr", mln.Addr().String())
 	}
-	sb := relay.NewTenant(c.String("sandbox-id"), eg.policy, rules)
-	defer sb.Close()
-	logger.Info("proxy listening", "addr", ln.Addr().String(), "sandbox", sb.ID(),
+	tenant := relay.NewTenant(c.String("sandbox-id"), eg.policy, rules)
+	defer tenant.Close()
+	logger.Info("proxy listening", "addr", ln.Addr().String(), "sandbox", tenant.ID(),
 		"service_hosts", len(eg.decider.ServiceHosts), "transformations", rules.Len(), "transform_modules", modules.Len())
 	served := make(chan error, 1)
-	go func() { served <- p.Serve(c.Context, ln, sb) }()
+	go func() { served <- p.Serve(c.Context, ln, tenant) }()
 	select {
 	case err := <-served:
 		return err
