@@ -95,7 +95,7 @@ func (m *Manager) effectiveNetwork(spec NetworkSpec, rules []transforms.Rule) (N
 		p = *spec.Policy
 		if p.Mode == netpolicy.Custom || p.Mode == "" {
 			if service.Mode == netpolicy.AllowAll {
-				p = netpolicy.Policy{Mode: netpolicy.AllowAll}
+				p = netpolicy.Policy{Mode: netpolicy.AllowAll, Intercept: p.Intercept}
 			} else {
 				p.AllowedHosts = append(slices.Clone(p.AllowedHosts), service.AllowedHosts...)
 				p.AllowedCIDRs = append(slices.Clone(p.AllowedCIDRs), service.AllowedCIDRs...)

@@ -40,6 +40,26 @@ type Policy struct {
 	// (an http base URL, forwarded only to addresses the operator opened),
 	// at its own address (an IP literal). The service derives them.
 	RouteOrigins []Origin
+	// Intercept names the hosts whose HTTPS the proxy terminates (with a
+	// certificate of the service's own CA) to run the chain of a base-URL
+	// route — modules, credential swap, scrub — on tunnels and captured
+	// connections too. It allows nothing: a host must still be allowed.
+	// The JSON key is "intercept".
+	Intercept []HostRule
+}
+
+// Intercepts returns the intercept rule that names host (canonical), if
+// any.
+func (p Policy) Intercepts(host Host) (HostRule, bool) {
+	if host.IsIP() {
+		return HostRule{}, false
+	}
+	for _, r := range p.Intercept {
+		if r.Match(host.Name) {
+			return r, true
+		}
+	}
+	return HostRule{}, false
 }
 
 // Origin is a base URL's scheme, host and port.
@@ -238,6 +258,7 @@ type policyJSON struct {
 	AllowedHosts []string `json:"allowedHosts,omitempty"`
 	AllowedCIDRs []string `json:"allowedCIDRs,omitempty"`
 	DeniedCIDRs  []string `json:"deniedCIDRs,omitempty"`
+	Intercept    []string `json:"intercept,omitempty"`
 }
 
 // ErrInvalidPolicy matches every error ParsePolicy returns.
@@ -251,9 +272,10 @@ func (e *policyError) Is(target error) bool { return target == ErrInvalidPolicy 
 
 // ParsePolicy parses a policy in the JSON shape of the AI SDK harness:
 // {"mode":"allow-all"}, {"mode":"deny-all"} or {"mode":"custom",
-// "allowedHosts":[…],"allowedCIDRs":[…],"deniedCIDRs":[…]}. Unknown keys,
-// unknown modes, and rules given with a mode that ignores them are refused
-// by name.
+// "allowedHosts":[…],"allowedCIDRs":[…],"deniedCIDRs":[…]}, plus
+// sandgate's "intercept":[…] (host rules, with allow-all or custom).
+// Unknown keys, unknown modes, and rules given with a mode that ignores
+// them are refused by name.
 func ParsePolicy(data []byte) (Policy, error) {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
@@ -277,18 +299,25 @@ func jsonErr(err error) error {
 		return fmt.Errorf("field %q must be %s", ute.Field, ute.Type)
 	}
 	if s := err.Error(); strings.HasPrefix(s, "json: unknown field ") {
-		return fmt.Errorf("unknown key %s (known: mode, allowedHosts, allowedCIDRs, deniedCIDRs)", strings.TrimPrefix(s, "json: unknown field "))
+		return fmt.Errorf("unknown key %s (known: mode, allowedHosts, allowedCIDRs, deniedCIDRs, intercept)", strings.TrimPrefix(s, "json: unknown field "))
 	}
 	return err
 }
 
 func (pj policyJSON) policy() (Policy, error) {
+	intercept, err := ParseHostRules(pj.Intercept)
+	if err != nil {
+		return Policy{}, fmt.Errorf("intercept: %w", err)
+	}
 	switch pj.Mode {
 	case AllowAll, DenyAll:
 		if len(pj.AllowedHosts)+len(pj.AllowedCIDRs)+len(pj.DeniedCIDRs) > 0 {
 			return Policy{}, fmt.Errorf(`mode %q takes no rules; use "mode":"custom" with allowedHosts/allowedCIDRs/deniedCIDRs`, pj.Mode)
 		}
-		return Policy{Mode: pj.Mode}, nil
+		if pj.Mode == DenyAll && len(intercept) > 0 {
+			return Policy{}, errors.New(`mode "deny-all" reaches no host, so it intercepts none: drop "intercept", or use "custom" with allowedHosts`)
+		}
+		return Policy{Mode: pj.Mode, Intercept: intercept}, nil
 	case Custom:
 	case "":
 		return Policy{}, errors.New(`"mode" is required: "allow-all", "deny-all" or "custom"`)
@@ -307,7 +336,7 @@ func (pj policyJSON) policy() (Policy, error) {
 	if err != nil {
 		return Policy{}, err
 	}
-	return Policy{Mode: Custom, AllowedHosts: hosts, AllowedCIDRs: allowed, DeniedCIDRs: denied}, nil
+	return Policy{Mode: Custom, AllowedHosts: hosts, AllowedCIDRs: allowed, DeniedCIDRs: denied, Intercept: intercept}, nil
 }
 
 // LoadPolicyFile reads and parses a policy file.
@@ -334,6 +363,9 @@ func (p Policy) MarshalJSON() ([]byte, error) {
 	}
 	for _, c := range p.DeniedCIDRs {
 		pj.DeniedCIDRs = append(pj.DeniedCIDRs, c.String())
+	}
+	for _, h := range p.Intercept {
+		pj.Intercept = append(pj.Intercept, h.String())
 	}
 	return json.Marshal(pj)
 }

@@ -83,6 +83,8 @@ func TestParsePolicy(t *testing.T) {
 		`{"mode":"deny-all"}`,
 		`{"mode":"custom"}`,
 		`{"mode":"custom","allowedHosts":["api.anthropic.com","*.example.com"],"allowedCIDRs":["203.0.113.0/24"],"deniedCIDRs":["2001:db8::/32"]}`,
+		`{"mode":"custom","allowedHosts":["api.github.com"],"intercept":["api.github.com","*.example.com"]}`,
+		`{"mode":"allow-all","intercept":["api.github.com"]}`,
 	}
 	for _, in := range good {
 		p, err := ParsePolicy([]byte(in))
@@ -107,6 +109,10 @@ func TestParsePolicy(t *testing.T) {
 		{`{"mode":"custom","allowedHosts":"a.com"}`, `"allowedHosts" must be []string`},
 		{`{"mode":"custom"} {}`, `trailing data`},
 		{`[`, `unexpected EOF`},
+		{`{"mode":"deny-all","intercept":["a.com"]}`, `intercepts none`},
+		{`{"mode":"custom","intercept":["*"]}`, `intercept: host rule "*"`},
+		{`{"mode":"custom","intercept":["10.0.0.1"]}`, `allowedCIDRs`},
+		{`{"mode":"custom","intercept":["a.com:443"]}`, `ports are not part`},
 	}
 	for _, tt := range bad {
 		_, err := ParsePolicy([]byte(tt.in))
@@ -123,8 +129,28 @@ func TestParsePolicy(t *testing.T) {
 	}
 }
 
+func TestInterceptsMatchesNamesNotAddresses(t *testing.T) {
+	p, err := ParsePolicy([]byte(`{"mode":"custom","intercept":["api.github.com","*.example.com"]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for host, want := range map[string]string{
+		"api.github.com": "api.github.com", "API.GitHub.com.": "api.github.com", "a.example.com": "*.example.com",
+		"example.com": "", "github.com": "", "198.18.0.2": "", "api.github.com.evil.test": "",
+	} {
+		h, err := CanonicalHost(host)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, ok := p.Intercepts(h)
+		if got := r.String(); ok != (want != "") || got != want {
+			t.Errorf("Intercepts(%s) = %q, %v; want %q", host, got, ok, want)
+		}
+	}
+}
+
 func FuzzParsePolicy(f *testing.F) {
-	for _, s := range []string{`{"mode":"allow-all"}`, `{"mode":"custom","allowedHosts":["*.example.com"],"allowedCIDRs":["1.2.3.0/24"],"deniedCIDRs":["::/0"]}`, `{"mode":"custom","allowedHosts":["bücher.de"]}`} {
+	for _, s := range []string{`{"mode":"allow-all"}`, `{"mode":"custom","allowedHosts":["*.example.com"],"allowedCIDRs":["1.2.3.0/24"],"deniedCIDRs":["::/0"]}`, `{"mode":"custom","allowedHosts":["bücher.de"]}`, `{"mode":"custom","intercept":["*.example.com"]}`} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {

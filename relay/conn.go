@@ -32,6 +32,12 @@ type clientConn struct {
 	// linger asks for a lingering close: the last response was sent while
 	// the sandbox was still sending its request body.
 	linger bool
+	// serveCtx is the context serve runs under (its end is a graceful
+	// stop), for the connections served inside this one (interception).
+	serveCtx context.Context
+	// icpt is set on the connection inside an intercepted one: every
+	// request goes to the host it was judged for.
+	icpt *interception
 }
 
 func newClientConn(p *Proxy, tenant *Tenant, c net.Conn) *clientConn {
@@ -63,6 +69,7 @@ var errHeaderTooLarge = errors.New("request header too large")
 
 // serve reads and answers requests until the connection should close.
 func (cc *clientConn) serve(ctx context.Context) {
+	cc.serveCtx = ctx
 	for first := true; ctx.Err() == nil; first = false {
 		// Between requests the connection is idle; once a request starts
 		// its header must arrive within HeaderTimeout.
@@ -152,6 +159,9 @@ func (s *Tenant) release() {
 // handle answers one request and reports whether the connection may carry
 // another.
 func (cc *clientConn) handle(ctx context.Context, req *http.Request) bool {
+	if cc.icpt != nil {
+		return cc.handleIntercepted(ctx, req)
+	}
 	t, err := parseTarget(req.Method, req.RequestURI)
 	if err != nil {
 		cc.refuse(err, req)
@@ -270,7 +280,13 @@ func checkFraming(head []byte) error {
 func (cc *clientConn) refuse(err error, req *http.Request) {
 	e := asError(err)
 	ev := audit.Event{Sandbox: cc.tenant.id, Kind: audit.Refused, Code: e.Code, Reason: e.Reason, Status: e.Status}
-	if req != nil {
+	switch {
+	case cc.icpt != nil:
+		ev.Host, ev.Port, ev.InterceptRule = cc.icpt.host.String(), cc.icpt.port, cc.icpt.rule
+		if req != nil {
+			ev.Method = req.Method
+		}
+	case req != nil:
 		ev.Method = req.Method
 		if t, terr := parseTarget(req.Method, req.RequestURI); terr == nil {
 			ev.Host, ev.Port, ev.Path = t.host, t.port, pathOnly(t.rest)

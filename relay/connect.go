@@ -18,17 +18,45 @@ import (
 
 // connect serves CONNECT host:443: decide, dial the checked address, answer
 // 200, then splice bytes both ways until either side closes or the tunnel
-// idles out. The audit event is written when the tunnel closes.
+// idles out (or, for a host the policy intercepts, terminate its TLS and
+// carry its requests as routes). The audit event is written when the
+// tunnel closes.
 func (cc *clientConn) connect(ctx context.Context, req *http.Request, t target) {
-	start := time.Now()
 	ev := audit.Event{Sandbox: cc.tenant.id, Kind: audit.Connect, Host: t.host, Port: t.port, Method: req.Method}
-	dec, err := cc.p.cfg.Decider.Decide(ctx, netpolicy.DecideArgs{Policy: cc.tenant.Policy(), Host: t.host, Port: t.port})
-	fillDecision(&ev, dec)
+	cc.tunnel(ctx, &ev, t.host, t.port, func(e *Error) { cc.writeError(e, true) }, func() bool {
+		_, err := io.WriteString(cc.bw, "HTTP/1.1 200 Connection established\r\n\r\n")
+		return err == nil && cc.bw.Flush() == nil
+	})
+}
+
+// tunnel carries a connection that asks, as a whole, for host:port (a
+// CONNECT, or a connection captured in the sandbox): the same decision,
+// dial, ClientHello check, splice or interception, and one audit event
+// (ev, filled as it goes) when it ends. refuse answers a refusal before
+// anything was carried (a CONNECT's 403; nothing for a captured
+// connection, which is closed); opened tells the client the tunnel is
+// open and says whether it still listens.
+func (cc *clientConn) tunnel(ctx context.Context, ev *audit.Event, host string, port int, refuse func(*Error), opened func() bool) {
+	start := time.Now()
+	dec, err := cc.p.cfg.Decider.Decide(ctx, netpolicy.DecideArgs{Policy: cc.tenant.Policy(), Host: host, Port: port})
+	fillDecision(ev, dec)
 	if err == nil && !dec.Allow {
 		err = denied(dec)
 	}
-	var up net.Conn
+	// A host the policy intercepts is not dialed now: each request inside
+	// gets its own pinned connection (a failure then is that request's
+	// 502, which the client can read).
+	var rule string
 	if err == nil {
+		if r, ok := cc.tenant.Policy().Intercepts(dec.Host); ok {
+			rule = r.String()
+			if cc.p.cfg.CA == nil {
+				err = &Error{Status: http.StatusForbidden, Code: CodeNoCA, Reason: fmt.Sprintf("%s is to be intercepted (rule %s) but this proxy has no interception CA; give it one (sandgate proxy --intercept-ca DIR)", dec.Host, rule)}
+			}
+		}
+	}
+	var up net.Conn
+	if err == nil && rule == "" {
 		up, err = cc.p.cfg.Decider.Dial(ctx, &dec)
 	}
 	if err != nil {
@@ -39,20 +67,28 @@ func (cc *clientConn) connect(ctx context.Context, req *http.Request, t target) 
 		if ev.Allow {
 			ev.Code, ev.Error = e.Code, e.Error()
 		}
-		cc.p.record(ev)
-		cc.writeError(e, true)
+		cc.p.record(*ev)
+		refuse(e)
 		return
 	}
-	defer up.Close()
-	ev.Addr = dec.Addr.String()
+	if up != nil {
+		defer up.Close()
+		ev.Addr = dec.Addr.String()
+	}
 	ev.Status = http.StatusOK
 	if cc.p.cfg.Metrics != nil {
 		cc.p.cfg.Metrics.TunnelOpened()
 		defer cc.p.cfg.Metrics.TunnelClosed()
 	}
-	if _, err := io.WriteString(cc.bw, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil || cc.bw.Flush() != nil {
+	if !opened() {
 		ev.Error, ev.Duration = "client went away before the tunnel opened", time.Since(start)
-		cc.p.record(ev)
+		cc.p.record(*ev)
+		return
+	}
+	if rule != "" {
+		ev.InterceptRule = rule
+		cc.intercept(ctx, ev, dec, start)
+		cc.p.record(*ev)
 		return
 	}
 	// The tunnel must open with a ClientHello for the host that was judged
@@ -73,7 +109,7 @@ func (cc *clientConn) connect(ctx context.Context, req *http.Request, t target) 
 	}
 	if herr != nil || why != "" {
 		ev.Duration = time.Since(start)
-		cc.p.record(ev)
+		cc.p.record(*ev)
 		return
 	}
 	if n := cc.br.Buffered(); n > 0 {
@@ -85,7 +121,7 @@ func (cc *clientConn) connect(ctx context.Context, req *http.Request, t target) 
 	if serr != nil {
 		ev.Error = serr.Error()
 	}
-	cc.p.record(ev)
+	cc.p.record(*ev)
 }
 
 // fillDecision copies a decision into an audit event.

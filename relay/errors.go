@@ -36,6 +36,9 @@ const (
 	// ran out of time or memory, or wrote what the proxy cannot send).
 	CodeModuleRefused = "module_refused"
 	CodeModule        = "module_error"
+	// CodeNoCA: a host the policy intercepts, on a proxy without an
+	// interception CA.
+	CodeNoCA = "intercept_unavailable"
 )
 
 // Error is a refusal or failure the proxy answers the sandbox with. Status,

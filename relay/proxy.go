@@ -19,6 +19,7 @@ import (
 
 	"github.com/sandgate/sandgate/netpolicy"
 	"github.com/sandgate/sandgate/relay/audit"
+	"github.com/sandgate/sandgate/relay/ca"
 	"github.com/sandgate/sandgate/transforms"
 	"github.com/sandgate/sandgate/transforms/wasm"
 )
@@ -61,6 +62,10 @@ type Config struct {
 	// (Tenant.SetModules) and before the secret swap. Nil means none. The
 	// caller owns them (closes them after the proxy).
 	Modules *wasm.Chain
+	// CA signs the certificates the proxy presents for the hosts a
+	// sandbox's policy intercepts (netpolicy.Policy.Intercept). Nil means
+	// no interception: a tunnel to such a host is refused, naming why.
+	CA *ca.Authority
 }
 
 func (c Config) withDefaults() Config {

@@ -27,10 +27,38 @@ import (
 // (the scrub, then the modules). It reports whether the connection may
 // carry another request.
 func (cc *clientConn) route(ctx context.Context, req *http.Request, t target) bool {
+	keep, linger := cc.carry(ctx, cc, req, t, cc.c)
+	if linger {
+		cc.linger = true
+	}
+	return keep
+}
+
+// answerer writes what goes back to the sandbox for one request: the
+// connection itself for HTTP/1.1 (clientConn), a stream's ResponseWriter
+// for HTTP/2 (intercepted connections).
+type answerer interface {
+	// continue100 answers "Expect: 100-continue" before the body is read
+	// (HTTP/1.1; an HTTP/2 server does it itself).
+	continue100()
+	writeResponse(req *http.Request, resp *http.Response, closing bool) (int64, error)
+	writeError(e *Error, closing bool)
+}
+
+// carry is route's work, for any answerer: one request through the
+// policy, the chain and the upstream, and its audit event. conn, when not
+// nil, is the connection whose read deadline paces the request body
+// (HTTP/1.1). It reports whether the connection may carry another request
+// and whether the sandbox was still sending a body nobody read (the
+// connection should close lingering).
+func (cc *clientConn) carry(ctx context.Context, a answerer, req *http.Request, t target, conn net.Conn) (keep, linger bool) {
 	start := time.Now()
 	ev := audit.Event{Sandbox: cc.tenant.id, Kind: audit.Route, Host: t.host, Port: t.port, Method: req.Method, Path: pathOnly(t.rest)}
-	body := &countingBody{r: req.Body, conn: cc.c, idle: cc.p.cfg.IdleTimeout}
-	x, keep, err := cc.forward(ctx, req, t, &ev, body)
+	if t.icpt != nil {
+		ev.Kind, ev.InterceptRule = audit.Intercept, t.icpt.rule
+	}
+	body := &countingBody{r: req.Body, conn: conn, idle: cc.p.cfg.IdleTimeout}
+	x, keep, err := cc.forward(ctx, a, req, t, &ev, body)
 	var refusal *Error // written once the event is recorded, as every refusal is
 	if err != nil {
 		e := asError(err)
@@ -48,12 +76,12 @@ func (cc *clientConn) route(ctx context.Context, req *http.Request, t target) bo
 		}
 		refusal = e
 		keep = false
-		cc.linger = req.ContentLength != 0 && !body.eof.Load()
+		linger = req.ContentLength != 0 && !body.eof.Load()
 	} else if req.ContentLength != 0 && !body.eof.Load() {
 		// The sandbox is still sending a body nobody will read: closing
 		// now would reset the connection under the response it has not
 		// read yet.
-		cc.linger = true
+		linger = true
 		keep = false
 	}
 	if x != nil {
@@ -68,17 +96,26 @@ func (cc *clientConn) route(ctx context.Context, req *http.Request, t target) bo
 	ev.BytesIn, ev.Duration = body.n.Load(), time.Since(start)
 	cc.p.record(ev)
 	if refusal != nil {
-		cc.writeError(refusal, true)
+		a.writeError(refusal, true)
 	}
-	return keep
+	return keep, linger
+}
+
+// continue100 answers "Expect: 100-continue" on the connection.
+func (cc *clientConn) continue100() {
+	io.WriteString(cc.bw, "HTTP/1.1 100 Continue\r\n\r\n")
+	cc.bw.Flush()
 }
 
 // forward does the work of route; ev is filled as it goes. It returns the
 // request's passage through the transformation chain (nil if it did not
 // get that far), which route closes. An error means nothing has been
 // written to the sandbox yet.
-func (cc *clientConn) forward(ctx context.Context, req *http.Request, t target, ev *audit.Event, body *countingBody) (*transforms.Exchange, bool, error) {
-	dec, err := cc.p.cfg.Decider.Decide(ctx, netpolicy.DecideArgs{Policy: cc.tenant.Policy(), Host: t.host, Port: t.port, Route: true, Plain: t.plain})
+func (cc *clientConn) forward(ctx context.Context, a answerer, req *http.Request, t target, ev *audit.Event, body *countingBody) (*transforms.Exchange, bool, error) {
+	// A request inside an intercepted connection is judged as the
+	// connection was (CONNECT host:443): the routes' extra hosts do not
+	// apply, and the policy is asked again at each request.
+	dec, err := cc.p.cfg.Decider.Decide(ctx, netpolicy.DecideArgs{Policy: cc.tenant.Policy(), Host: t.host, Port: t.port, Route: t.icpt == nil, Plain: t.plain})
 	fillDecision(ev, dec)
 	if err != nil {
 		return nil, false, err
@@ -96,8 +133,7 @@ func (cc *clientConn) forward(ctx context.Context, req *http.Request, t target, 
 	continue100 := func() {
 		if expect {
 			expect = false
-			io.WriteString(cc.bw, "HTTP/1.1 100 Continue\r\n\r\n")
-			cc.bw.Flush()
+			a.continue100()
 		}
 	}
 
@@ -117,8 +153,8 @@ func (cc *clientConn) forward(ctx context.Context, req *http.Request, t target, 
 	if err != nil {
 		return x, false, err
 	}
-	if a := x.Answer(); a != nil {
-		keep, err := cc.answer(ctx, req, x, a, ev)
+	if ans := x.Answer(); ans != nil {
+		keep, err := answer(ctx, a, req, x, ans, ev)
 		return x, keep, err
 	}
 
@@ -136,7 +172,7 @@ func (cc *clientConn) forward(ctx context.Context, req *http.Request, t target, 
 	}
 	ev.Status = resp.StatusCode
 	closing := req.Close
-	n, werr := cc.writeResponse(req, resp, closing)
+	n, werr := a.writeResponse(req, resp, closing)
 	ev.BytesOut = n
 	if werr != nil {
 		ev.Error = werr.Error()
@@ -163,7 +199,7 @@ func responseError(err error) error {
 // refusal (its body, or the proxy's error naming the module and reason) or
 // the module's own response, which the modules before it may rewrite in
 // their handle_response.
-func (cc *clientConn) answer(ctx context.Context, req *http.Request, x *transforms.Exchange, a *transforms.Answer, ev *audit.Event) (bool, error) {
+func answer(ctx context.Context, w answerer, req *http.Request, x *transforms.Exchange, a *transforms.Answer, ev *audit.Event) (bool, error) {
 	if a.Refused {
 		ev.Allow, ev.Code = false, CodeModuleRefused
 		ev.Reason = fmt.Sprintf("wasm module %s refused the request: %s", a.Module, a.Reason)
@@ -179,7 +215,7 @@ func (cc *clientConn) answer(ctx context.Context, req *http.Request, x *transfor
 		return false, responseError(err)
 	}
 	ev.Status = resp.StatusCode
-	n, werr := cc.writeResponse(req, resp, req.Close)
+	n, werr := w.writeResponse(req, resp, req.Close)
 	ev.BytesOut = n
 	if werr != nil {
 		ev.Error = werr.Error()

@@ -32,6 +32,9 @@ type target struct {
 	// rest is, for a route, the path and query to send upstream, beginning
 	// with "/" (a route with nothing after the host sends "/").
 	rest string
+	// icpt is set for a request inside an intercepted connection: what
+	// the connection was judged for.
+	icpt *interception
 }
 
 // parseTarget reads a request's method and request-target (the raw second

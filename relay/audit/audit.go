@@ -28,6 +28,37 @@ const (
 	// Refused is a request the proxy refused before it had a destination
 	// (a malformed request, plain http://, a limit).
 	Refused Kind = "refused"
+	// Capture is a connection a sandbox process made without the proxy
+	// variables, to an address the sandbox's DNS responder gave a name,
+	// captured in the sandbox and judged as CONNECT name:port would be;
+	// its event is written when it closes.
+	Capture Kind = "capture"
+	// Intercept is one request inside an intercepted TLS connection (a
+	// CONNECT tunnel or a captured connection to a host of the policy's
+	// intercept list), carried as a base-URL route is.
+	Intercept Kind = "intercept"
+	// DNS is a name lookup made inside the sandbox that could not be
+	// served (no capture there): the process tried a direct connection,
+	// not one through the proxy.
+	DNS Kind = "dns"
+)
+
+// Codes of the events of capture and interception, beside netpolicy's and
+// relay's.
+const (
+	// CodeDirectLookup: a lookup inside a sandbox without capture; it was
+	// answered at once with NXDOMAIN.
+	CodeDirectLookup = "direct_lookup"
+	// CodeInterceptRefused: the client refused the certificate sandgate
+	// presented for an intercepted host (it pins certificates, or does
+	// not trust the sandbox CA).
+	CodeInterceptRefused = "intercept_refused"
+	// CodeInterceptTLS: the TLS handshake of an intercepted connection
+	// failed otherwise (no common version or cipher, a broken hello).
+	CodeInterceptTLS = "intercept_tls"
+	// CodeMisdirected: a request inside an intercepted connection named
+	// another host than the one the connection was judged for (421).
+	CodeMisdirected = "misdirected"
 )
 
 // Event is the one record of an egress decision. Field names are stable: log
@@ -75,6 +106,11 @@ type Event struct {
 	Notes        []string `json:"notes,omitempty"`
 	NotesDropped int      `json:"notes_dropped,omitempty"`
 	Error        string   `json:"error,omitempty"`
+	// InterceptRule is the policy's intercept rule under which the proxy
+	// terminated the connection's TLS (on the connection's event and on
+	// each of its requests'); empty when the bytes were tunnelled as
+	// they were.
+	InterceptRule string `json:"intercept,omitempty"`
 }
 
 // Decision renders Allow as the word used in logs and metrics: "allow" or
@@ -141,6 +177,7 @@ func (l Logger) Record(e Event) {
 	add(slog.Any("notes", e.Notes), len(e.Notes) > 0)
 	add(slog.Int("notes_dropped", e.NotesDropped), e.NotesDropped != 0)
 	add(slog.String("error", e.Error), e.Error != "")
+	add(slog.String("intercept", e.InterceptRule), e.InterceptRule != "")
 	l.L.LogAttrs(context.Background(), level, "egress", attrs...)
 }
 
@@ -373,6 +410,9 @@ func appendEvent(b []byte, e *Event) []byte {
 	}
 	if e.Error != "" {
 		b = appendStr(b, "error", e.Error)
+	}
+	if e.InterceptRule != "" {
+		b = appendStr(b, "intercept", e.InterceptRule)
 	}
 	return append(b, "}\n"...)
 }

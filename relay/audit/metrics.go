@@ -59,10 +59,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 func (m *Metrics) Record(e Event) {
 	m.decisions.WithLabelValues(e.Decision(), e.Code, string(e.Kind)).Inc()
 	switch e.Kind {
-	case Connect:
+	case Connect, Capture:
 		m.tunnelIn.Add(float64(e.BytesIn))
 		m.tunnelOut.Add(float64(e.BytesOut))
-	case Route:
+	case Route, Intercept:
 		m.routedIn.Add(float64(e.BytesIn))
 		m.routedOut.Add(float64(e.BytesOut))
 	}

@@ -1,0 +1,45 @@
+package relay
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/sandgate/sandgate/relay/audit"
+)
+
+// ServeCaptured serves one connection a sandbox process made without the
+// proxy — to an address the sandbox's DNS responder gave host, captured
+// inside the sandbox on any port (appliance/agent, internal/netcapture) —
+// as tenant, exactly as CONNECT host:port on ServeConn would be served:
+// the same decision, pinned dial, ClientHello check, interception and
+// audit (kind capture). A refusal closes the connection: there is no HTTP
+// exchange to answer it in; the audit event says why. host and port are
+// what the sandbox says it dialed, no more trusted than a CONNECT line.
+// ServeCaptured closes c and returns when the connection is finished.
+func (p *Proxy) ServeCaptured(ctx context.Context, c net.Conn, tenant *Tenant, host string, port int) {
+	if !p.track(c) {
+		c.Close()
+		return
+	}
+	defer p.untrack(c)
+	cc := newClientConn(p, tenant, c)
+	defer cc.release()
+	defer c.Close()
+	ev := audit.Event{Sandbox: tenant.id, Kind: audit.Capture, Host: host, Port: port}
+	if !tenant.acquire(p.cfg.MaxConns) {
+		e := limitError(fmt.Sprintf("sandbox %s already has %d connections open", tenant.id, p.cfg.MaxConns), time.Second)
+		ev.Code, ev.Reason, ev.Status = e.Code, e.Reason, e.Status
+		p.record(ev)
+		return
+	}
+	defer tenant.release()
+	cc.serveCtx = ctx
+	cc.setBusy(true) // a tunnel in progress is let finish at a graceful stop
+	stop := context.AfterFunc(ctx, cc.stop)
+	defer stop()
+	stopSoft := context.AfterFunc(p.soft, cc.stop)
+	defer stopSoft()
+	cc.tunnel(p.hard, &ev, host, port, func(*Error) {}, func() bool { return true })
+}
