@@ -71,6 +71,22 @@ type LauncherConfig struct {
 	PrivateDir string
 	// UserNS is `sandgate sandbox`'s --userns: auto ("" too), on or off.
 	UserNS string
+	// Capture captures, in each sandbox, the connections of processes that
+	// ignore the proxy variables: the agent's DNS responder gives every
+	// name an address of netcapture.DefaultPrefix, and every connection
+	// to one, on any port, is steered to the agent and served as CONNECT
+	// name:port (relay.Proxy.ServeCaptured). It needs a link that passes
+	// sockets (`sandgate sandbox`) and a host that can (root, Linux 5.9+);
+	// elsewhere, and without Capture, lookups in a sandbox fail at once
+	// (NXDOMAIN) and are audited.
+	Capture bool
+	// TrustCA is the certificate (PEM) of the service's interception CA,
+	// which every sandbox trusts: in its system bundle (the default image
+	// of `sandgate sandbox`; on Google's CLI a bundle bound over the
+	// image's) and through the agent's trust variables (SSL_CERT_FILE,
+	// NODE_EXTRA_CA_CERTS, REQUESTS_CA_BUNDLE, GIT_SSL_CAINFO). Never a
+	// key. Nil: none.
+	TrustCA []byte
 	// Logger receives what the launcher does. Nil discards.
 	Logger *slog.Logger
 }
@@ -104,6 +120,9 @@ type Launcher struct {
 	agent  string // host path of the binary mounted at AgentPath
 	cfg    LauncherConfig
 	log    *slog.Logger
+	// files the launcher gives every sandbox (see sandboxFiles): host
+	// paths, "" when there is none.
+	caFile, bundleFile, resolvFile string
 }
 
 // NewLauncher finds the sandbox CLI and the agent binary, or says which is
@@ -145,8 +164,96 @@ func NewLauncher(cfg LauncherConfig) (*Launcher, error) {
 	if cfg.StateDir != "" {
 		l.env = append(l.env, "SANDGATE_STATE_DIR="+cfg.StateDir)
 	}
+	if err := l.sandboxFiles(); err != nil {
+		return nil, err
+	}
 	return l, nil
 }
+
+// sandboxFiles writes what the launcher gives every sandbox, in a
+// directory of its own under PrivateDir: the interception CA's
+// certificate (`sandgate sandbox` adds it to its default image's /etc);
+// for Google's CLI, whose root is the service's image, read-only, a CA
+// bundle (the image's and the CA) and a resolv.conf naming the agent's
+// DNS responder, both bound over the image's.
+func (l *Launcher) sandboxFiles() error {
+	if len(l.cfg.TrustCA) == 0 && !l.google {
+		return nil
+	}
+	var dir string
+	if l.cfg.PrivateDir != "" {
+		dir = filepath.Join(l.cfg.PrivateDir, "sandbox-files")
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return fmt.Errorf("launcher: %w", err)
+		}
+	} else {
+		// One of its own: two launchers' files must never mix.
+		var err error
+		if dir, err = os.MkdirTemp("", "sandgate-sandbox-files-"); err != nil {
+			return fmt.Errorf("launcher: %w", err)
+		}
+		os.Chmod(dir, 0o755)
+	}
+	put := func(name string, data []byte) (string, error) {
+		p := filepath.Join(dir, name)
+		tmp := p + ".new"
+		if err := os.WriteFile(tmp, data, 0o644); err != nil {
+			return "", fmt.Errorf("launcher: %w", err)
+		}
+		return p, os.Rename(tmp, p)
+	}
+	var err error
+	if len(l.cfg.TrustCA) > 0 {
+		if l.caFile, err = put("sandgate-ca.pem", l.cfg.TrustCA); err != nil {
+			return err
+		}
+		if l.google {
+			bundle, _ := os.ReadFile(SandboxTrustBundle) // the image's, which the sandbox sees
+			if len(bundle) > 0 && bundle[len(bundle)-1] != '\n' {
+				bundle = append(bundle, '\n')
+			}
+			if l.bundleFile, err = put("ca-certificates.crt", append(bundle, l.cfg.TrustCA...)); err != nil {
+				return err
+			}
+		}
+	}
+	if l.google {
+		if l.resolvFile, err = put("resolv.conf", []byte(sandboxResolvConf)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// In a sandbox: the agent's DNS responder, the system CA bundle, the
+// interception CA alone (the default image of `sandgate sandbox`), and the
+// resolv.conf bound over Google's image's.
+const (
+	SandboxDNS         = "127.0.0.1:53"
+	SandboxTrustBundle = "/etc/ssl/certs/ca-certificates.crt"
+	SandboxTrustCA     = "/etc/ssl/certs/sandgate-ca.pem"
+	sandboxResolvConf  = "nameserver 127.0.0.1\noptions attempts:1 timeout:1\n"
+)
+
+// AgentConfig completes an agent configuration with what the launcher's
+// sandboxes have: the DNS responder, and the trust files of the
+// interception CA. What cfg sets stays.
+func (l *Launcher) AgentConfig(cfg agent.Config) agent.Config {
+	if cfg.DNS == "" {
+		cfg.DNS = SandboxDNS
+	}
+	if len(l.cfg.TrustCA) > 0 && cfg.TrustBundle == "" {
+		cfg.TrustBundle = SandboxTrustBundle
+		if !l.google && l.cfg.Rootfs == "" {
+			cfg.TrustCA = SandboxTrustCA
+		}
+	}
+	return cfg
+}
+
+// Capture reports whether the launcher's sandboxes are to capture the
+// connections of processes that ignore the proxy (LauncherConfig.Capture).
+func (l *Launcher) Capture() bool { return l.cfg.Capture }
 
 // Google reports whether a launcher of this configuration drives Cloud
 // Run's sandbox CLI: CLI is a program named sandbox, or CLI is unset and
@@ -220,12 +327,20 @@ func (l *Launcher) Create(ctx context.Context, id string, opts LaunchOptions) er
 		if l.cfg.UserNS != "" {
 			args = append(args, "--userns", l.cfg.UserNS)
 		}
+		if l.caFile != "" {
+			args = append(args, "--ca-cert", l.caFile)
+		}
 	} else {
 		covers, err := l.covers(id)
 		if err != nil {
 			return err
 		}
 		args = append(args, covers...)
+		for _, b := range [][2]string{{l.bundleFile, SandboxTrustBundle}, {l.resolvFile, "/etc/resolv.conf"}} {
+			if b[0] != "" {
+				args = append(args, "--mount", "type=bind,source="+b[0]+",destination="+b[1]+",readonly")
+			}
+		}
 	}
 	args = append(args, "--stdin=false", "--", AgentPath, "agent", "--idle")
 	return l.do(ctx, args...)

@@ -106,6 +106,9 @@ func (m *Manager) effectiveNetwork(spec NetworkSpec, rules []transforms.Rule) (N
 			return Network{}, err
 		}
 	}
+	if len(p.Intercept) > 0 && m.cfg.Proxy != nil && !m.cfg.Proxy.CanIntercept() {
+		return Network{}, fmt.Errorf(`%w: "intercept" names hosts, but this service intercepts no TLS (it runs with SANDGATE_INTERCEPT_CA=off): remove "intercept", or run the service with an interception CA`, ErrBadInput)
+	}
 	p.RouteHosts, p.RouteOrigins = routeRules, origins
 	routes.Policy = p
 	return routes, nil

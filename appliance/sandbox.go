@@ -10,12 +10,16 @@ import (
 	"maps"
 	"net"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/sandgate/sandgate/appliance/agent"
 	"github.com/sandgate/sandgate/appliance/sandboxcli"
+	"github.com/sandgate/sandgate/internal/netcapture"
 	"github.com/sandgate/sandgate/netpolicy"
 	"github.com/sandgate/sandgate/relay"
 	"github.com/sandgate/sandgate/transforms"
@@ -78,6 +82,12 @@ type Sandbox struct {
 	portsOpen map[int]int
 
 	baseURLs atomic.Pointer[map[string]string]
+
+	// hook steers the sandbox's captured connections to its agent's
+	// current capture listener (nil: no capture); lookups limits the
+	// lookups the agent reports for the audit.
+	hook    *netcapture.Hook
+	lookups rateLimit
 }
 
 // maxAgentStarts bounds how often the agent is restarted in a row without
@@ -156,9 +166,11 @@ func (s *Sandbox) connect(ctx context.Context) (*agent.Client, *link, error) {
 	hctx, stop := context.WithTimeout(ctx, agentHelloWait)
 	defer stop()
 	c, err := agent.NewClient(hctx, k.transport(), agent.ClientOptions{
-		Config: s.opts.Agent,
-		Egress: s.egress,
-		Logger: s.log,
+		Config:   s.l.AgentConfig(s.opts.Agent),
+		Egress:   s.egress,
+		Captured: s.captured,
+		Lookup:   s.lookup,
+		Logger:   s.log,
 	})
 	if err != nil {
 		k.Close() // waits for the CLI process: its exit status is known after
@@ -169,7 +181,88 @@ func (s *Sandbox) connect(ctx context.Context) (*agent.Client, *link, error) {
 		}
 		return nil, nil, fmt.Errorf("sandbox %s: starting its agent: %w (%s)", s.id, err, k.exitReason())
 	}
+	if why := c.Info().DNSError; why != "" {
+		s.log.Warn("the sandbox's DNS responder did not start: its lookups fail as they did before, unaudited", "err", why)
+	}
+	if s.l.Capture() && c.Info().FDPass {
+		s.startCapture(hctx, c)
+	}
 	return c, k, nil
+}
+
+// startCapture steers the connections the sandbox makes to the capture
+// prefix, on any port, to its agent's capture listener, then tells its
+// DNS responder to give names addresses there. What fails leaves the
+// sandbox without capture: its lookups then fail at once, audited.
+func (s *Sandbox) startCapture(ctx context.Context, c *agent.Client) {
+	fd, err := c.CaptureListener(ctx)
+	if err != nil {
+		s.log.Warn("no connection capture in the sandbox: the agent gave no listener", "err", err)
+		return
+	}
+	hook, err := netcapture.Attach(fd, netcapture.DefaultPrefix)
+	unix.Close(fd) // the hook holds the socket; the agent has its own
+	if err != nil {
+		s.log.Warn("no connection capture in the sandbox: processes that ignore the proxy variables reach nothing (their lookups are audited)", "err", err)
+		return
+	}
+	s.mu.Lock()
+	old := s.hook
+	s.hook = hook
+	s.mu.Unlock()
+	if old != nil {
+		old.Close()
+	}
+	if err := c.SetDNSCapture(ctx, netcapture.DefaultPrefix); err != nil {
+		s.log.Warn("no connection capture in the sandbox: its DNS responder refused capture mode", "err", err)
+	}
+}
+
+// captured serves one connection captured in the sandbox, to where the
+// process was going, under this sandbox's identity.
+func (s *Sandbox) captured(c net.Conn, to string) {
+	host, port, err := netpolicy.SplitHostPort(to)
+	if err != nil || port == 0 {
+		c.Close()
+		return
+	}
+	s.proxy.ServeCaptured(s.ctx, c, s.relay, strings.Trim(host, "[]"), port)
+}
+
+// lookup audits a lookup the sandbox's DNS responder refused; a sandbox
+// that reports too many in a burst has the rest dropped.
+func (s *Sandbox) lookup(name, qtype string) {
+	if s.lookups.allow(time.Now()) {
+		s.proxy.RecordLookup(s.relay, name, qtype)
+	}
+}
+
+// rateLimit is a token bucket: lookupRate a second, lookupBurst at once.
+type rateLimit struct {
+	mu     sync.Mutex
+	tokens float64
+	last   time.Time
+}
+
+const (
+	lookupRate  = 20
+	lookupBurst = 40
+)
+
+func (r *rateLimit) allow(now time.Time) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.last.IsZero() {
+		r.tokens = lookupBurst
+	} else {
+		r.tokens = min(lookupBurst, r.tokens+now.Sub(r.last).Seconds()*lookupRate)
+	}
+	r.last = now
+	if r.tokens < 1 {
+		return false
+	}
+	r.tokens--
+	return true
 }
 
 // googleReadyWait bounds how long the first agent start in a sandbox
@@ -629,6 +722,12 @@ func (s *Sandbox) Destroy(ctx context.Context) error {
 	}
 	err := s.l.Delete(ctx, s.id)
 	s.relay.Close()
+	s.mu.Lock()
+	if s.hook != nil {
+		s.hook.Close()
+		s.hook = nil
+	}
+	s.mu.Unlock()
 	if errors.Is(err, ErrNotFound) {
 		return nil
 	}

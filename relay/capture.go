@@ -43,3 +43,16 @@ func (p *Proxy) ServeCaptured(ctx context.Context, c net.Conn, tenant *Tenant, h
 	defer stopSoft()
 	cc.tunnel(p.hard, &ev, host, port, func(*Error) {}, func() bool { return true })
 }
+
+// RecordLookup audits a name a process in tenant's sandbox looked up there
+// (qtype: A, AAAA, …) that its DNS responder refused, there being no
+// capture in that sandbox: the process tried a direct connection, not one
+// through the proxy, and could not make it (kind dns, code
+// direct_lookup). name is the sandbox's word: it is only recorded.
+func (p *Proxy) RecordLookup(tenant *Tenant, name, qtype string) {
+	p.record(audit.Event{
+		Sandbox: tenant.id, Kind: audit.DNS, Host: truncate(name, 253), Method: truncate(qtype, 10),
+		Code: audit.CodeDirectLookup,
+		Reason: fmt.Sprintf("%s was looked up inside the sandbox, for a direct connection; a sandbox has no network of its own and nothing is captured here, so it got NXDOMAIN at once: connect through the proxy (HTTPS_PROXY, which every command has) or a base URL", truncate(name, 253)),
+	})
+}

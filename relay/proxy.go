@@ -131,6 +131,10 @@ func New(cfg Config) (*Proxy, error) {
 	return p, nil
 }
 
+// CanIntercept reports whether the proxy has an interception CA, so that a
+// policy's intercept list can be honoured.
+func (p *Proxy) CanIntercept() bool { return p.cfg.CA != nil }
+
 // Tenant is one sandbox as the proxy sees it: the identity and rules that
 // connections on one listener or link are served under. Its policy and transformations may be changed while
 // it is served; each request sees one version or the other.

@@ -53,6 +53,11 @@ type NetworkPolicy struct {
 	AllowedHosts []string `json:"allowedHosts,omitempty"`
 	AllowedCIDRs []string `json:"allowedCIDRs,omitempty"`
 	DeniedCIDRs  []string `json:"deniedCIDRs,omitempty"`
+	// Intercept names hosts whose HTTPS the service terminates (with its
+	// own CA, which its sandboxes trust) so that credential swaps and
+	// modules apply to tunnels too, not only to base-URL routes
+	// (sandgate's own). It allows nothing by itself.
+	Intercept []string `json:"intercept,omitempty"`
 }
 
 func (p NetworkPolicy) check() error {
@@ -60,6 +65,9 @@ func (p NetworkPolicy) check() error {
 	case ModeAllowAll, ModeDenyAll:
 		if len(p.AllowedHosts)+len(p.AllowedCIDRs)+len(p.DeniedCIDRs) > 0 {
 			return fmt.Errorf("network policy %s takes no hosts or CIDRs: use mode %q to list them", p.Mode, ModeCustom)
+		}
+		if p.Mode == ModeDenyAll && len(p.Intercept) > 0 {
+			return fmt.Errorf("network policy %s reaches no host, so it intercepts none", p.Mode)
 		}
 	case ModeCustom:
 	default:
@@ -157,14 +165,15 @@ type Module struct {
 	Config string `json:"config,omitempty"`
 }
 
-// AuditEvent is one egress decision of a sandbox: a CONNECT tunnel or a
-// routed request, allowed or refused, and why. It mirrors the service's
+// AuditEvent is one egress decision of a sandbox: a CONNECT tunnel, a
+// captured connection, a routed or intercepted request, or a refused
+// lookup, allowed or refused, and why. It mirrors the service's
 // relay/audit.Event field for field (a test keeps them equal), so that the
 // client does not bring in the service's audit package and its metrics.
 type AuditEvent struct {
 	Time       time.Time     `json:"time"`
 	Sandbox    string        `json:"sandbox"`
-	Kind       string        `json:"kind"` // connect, route, refused
+	Kind       string        `json:"kind"` // connect, route, refused, capture, intercept, dns
 	Host       string        `json:"host,omitempty"`
 	Port       int           `json:"port,omitempty"`
 	Method     string        `json:"method,omitempty"`
@@ -185,6 +194,9 @@ type AuditEvent struct {
 	// NotesDropped counts the modules' notes over the service's caps.
 	NotesDropped int    `json:"notes_dropped,omitempty"`
 	Error        string `json:"error,omitempty"`
+	// InterceptRule is the policy's intercept rule the connection's TLS
+	// was terminated under; empty when its bytes were tunnelled as sent.
+	InterceptRule string `json:"intercept,omitempty"`
 }
 
 // SandboxInfo describes a sandbox, running or suspended.

@@ -305,7 +305,7 @@ func allSet(t *testing.T, v any) {
 func TestOpenAPISchemasMatchWire(t *testing.T) {
 	doc := loadDoc(t)
 	now := time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
-	policy, err := netpolicy.ParsePolicy([]byte(`{"mode":"custom","allowedHosts":["api.example.com","*.pypi.org"],"allowedCIDRs":["140.82.112.0/20"],"deniedCIDRs":["140.82.121.4/32"]}`))
+	policy, err := netpolicy.ParsePolicy([]byte(`{"mode":"custom","allowedHosts":["api.example.com","*.pypi.org"],"allowedCIDRs":["140.82.112.0/20"],"deniedCIDRs":["140.82.121.4/32"],"intercept":["api.example.com"]}`))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -352,10 +352,11 @@ func TestOpenAPISchemasMatchWire(t *testing.T) {
 	ev := audit.Event{Time: now, Sandbox: "box", Kind: audit.Route, Host: "api.example.com", Port: 443, Method: "POST", Path: "/v1/messages",
 		Allow: true, Code: "allowed_host", Reason: "api.example.com matched allowed host rule api.example.com", Rule: "api.example.com",
 		Addr: "203.0.113.7:443", Status: 200, BytesIn: 10, BytesOut: 20, Duration: time.Millisecond, DNSTime: time.Microsecond,
-		Transforms: []string{"0"}, Module: "deny-path", Notes: []string{"deny-path: ok"}, NotesDropped: 1, Error: "upstream reset"}
+		Transforms: []string{"0"}, Module: "deny-path", Notes: []string{"deny-path: ok"}, NotesDropped: 1, Error: "upstream reset",
+		InterceptRule: "api.example.com"}
 	allSet(t, ev)
 	schemaCheck(t, doc, "AuditEvent", ev)
-	for _, k := range []audit.Kind{audit.Connect, audit.Route, audit.Refused} {
+	for _, k := range []audit.Kind{audit.Connect, audit.Route, audit.Refused, audit.Capture, audit.Intercept, audit.DNS} {
 		schemaCheck(t, doc, "AuditEvent", audit.Event{Time: now, Sandbox: "box", Kind: k, Code: "no_rule", Reason: "no rule"})
 	}
 	schemaCheck(t, doc, "AuditEvents", map[string]any{"events": []audit.Event{ev}})

@@ -26,6 +26,7 @@ import (
 	"github.com/sandgate/sandgate/netpolicy"
 	"github.com/sandgate/sandgate/relay"
 	"github.com/sandgate/sandgate/relay/audit"
+	"github.com/sandgate/sandgate/relay/ca"
 	"github.com/sandgate/sandgate/snapshot/store"
 	"github.com/sandgate/sandgate/transforms/wasm"
 )
@@ -46,6 +47,11 @@ type Config struct {
 	AllowPrivate []netip.Prefix
 	// UpstreamRoots verify upstreams' certificates; nil means the system's.
 	UpstreamRoots *x509.CertPool
+	// InterceptCA signs what the proxy presents for the hosts sandboxes'
+	// policies intercept; every sandbox trusts its certificate (the
+	// launcher's TrustCA). Nil: no interception (a policy naming hosts
+	// to intercept is refused).
+	InterceptCA *ca.Authority
 	// AuditLog receives every egress decision as a JSON line; nil none.
 	AuditLog io.Writer
 	// AuditKeep is how many events are kept per sandbox for the API; 0
@@ -144,11 +150,14 @@ func New(ctx context.Context, cfg Config) (_ *Service, err error) {
 	}
 	if s.Proxy, err = relay.New(relay.Config{
 		Decider: s.Decider, Audit: sinks, Metrics: metrics, Logger: s.log,
-		UpstreamRoots: cfg.UpstreamRoots, Modules: cfg.ServiceModules,
+		UpstreamRoots: cfg.UpstreamRoots, Modules: cfg.ServiceModules, CA: cfg.InterceptCA,
 	}); err != nil {
 		return nil, err
 	}
 	lc := cfg.Launcher
+	if cfg.InterceptCA != nil && lc.TrustCA == nil {
+		lc.TrustCA = cfg.InterceptCA.CertPEM()
+	}
 	if lc.Logger == nil {
 		lc.Logger = s.log
 	}

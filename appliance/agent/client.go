@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"net"
+	"net/netip"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -27,6 +28,18 @@ type ClientOptions struct {
 	// the conn and must close it. Nil refuses egress (each connection is
 	// closed at once).
 	Egress func(net.Conn)
+	// Captured is called, each in its own goroutine, with every
+	// connection captured in the sandbox (see CaptureListener), and
+	// where the process was going (to: host:port, the name the sandbox's
+	// DNS responder gave the address it dialed, or that address): hand it
+	// to relay.Proxy.ServeCaptured. Like to, it is the sandbox's word: a
+	// CONNECT line's worth. The handler owns the conn. Nil refuses them.
+	Captured func(conn net.Conn, to string)
+	// Lookup is called with each name the sandbox's DNS responder
+	// refused (no capture in place) and the query type, for the audit.
+	// Nil drops them. The agent limits how often it reports; it is the
+	// sandbox's word, so the caller limits too.
+	Lookup func(name, qtype string)
 	// Logger receives operational messages. Nil discards.
 	Logger *slog.Logger
 
@@ -43,6 +56,9 @@ type Info struct {
 	// sockets (SCM_RIGHTS) instead of copying their bytes over the link:
 	// both ends of the link are one unix stream socket. See README.md.
 	FDPass bool
+	// DNSError says why the DNS responder (Config.DNS) did not start;
+	// empty when it runs or was not asked for.
+	DNSError string
 }
 
 // Client is the service side of an agent link: every operation opens a
@@ -106,7 +122,7 @@ func NewClient(ctx context.Context, conn io.ReadWriteCloser, opts ClientOptions)
 		sess.Close()
 		return nil, &Error{Op: "hello", Code: codeVersion, Message: fmt.Sprintf("the agent speaks protocol %d and the service %d: run the sandgate agent of the service's own release in the sandbox", resp.Version, c.opts.version)}
 	}
-	c.info = Info{Version: resp.Version, RelayAddr: resp.RelayAddr, PID: resp.PID}
+	c.info = Info{Version: resp.Version, RelayAddr: resp.RelayAddr, PID: resp.PID, DNSError: resp.DNSError}
 	if fds != nil {
 		// An agent of an older release answers "unknown op": its egress
 		// then goes over the link, as does any agent whose stdio is not
@@ -193,6 +209,14 @@ func (c *Client) incoming(st *yamux.Stream, release func()) {
 		err = errProtocol
 	}
 	st.SetReadDeadline(time.Time{})
+	if err == nil && req.Op == "lookup" {
+		release()
+		st.Close()
+		if c.opts.Lookup != nil {
+			c.opts.Lookup(req.Name, req.QType)
+		}
+		return
+	}
 	if err != nil || req.Op != "egress" {
 		release()
 		if err != nil {
@@ -211,23 +235,60 @@ func (c *Client) incoming(st *yamux.Stream, release func()) {
 			c.log.Warn("agent: refused a socket the agent passed for egress", "fd", req.FD, "from", req.From, "err", err)
 			return
 		}
-		if c.opts.Egress == nil {
-			conn.Close()
-			return
-		}
 		// As on the stream path, the link going down cuts the connection.
 		stop := context.AfterFunc(c.linkCtx, func() { conn.Close() })
 		defer stop()
-		c.opts.Egress(conn)
+		c.handOver(conn, req.To)
 		return
 	}
 	release()
-	if c.opts.Egress == nil {
+	if (req.To == "" && c.opts.Egress == nil) || (req.To != "" && c.opts.Captured == nil) {
 		st.SetDeadline(timeZero1)
 		st.Close()
 		return
 	}
-	c.opts.Egress(&streamConn{Stream: st, local: Addr{c.info.RelayAddr}, remote: Addr{req.From}})
+	c.handOver(&streamConn{Stream: st, local: Addr{c.info.RelayAddr}, remote: Addr{req.From}}, req.To)
+}
+
+// handOver gives an egress connection to its handler: Egress for one made
+// to the relay listener, Captured for one captured going to to.
+func (c *Client) handOver(conn net.Conn, to string) {
+	switch {
+	case to == "" && c.opts.Egress != nil:
+		c.opts.Egress(conn)
+	case to != "" && c.opts.Captured != nil:
+		c.opts.Captured(conn, to)
+	default:
+		conn.Close()
+	}
+}
+
+// CaptureListener asks the agent for its capture listener: a listening
+// TCP socket in the sandbox's network namespace, passed over the link
+// (Info.FDPass must be true), whose connections the agent passes on to
+// Captured. The caller owns the returned descriptor (close it once it
+// steered the sandbox's connections to it: internal/netcapture). Once per
+// link.
+func (c *Client) CaptureListener(ctx context.Context) (int, error) {
+	if c.fds == nil || !c.info.FDPass {
+		return -1, &Error{Op: "capture", Code: codeRefused, Message: "the link does not pass sockets, so nothing can be captured on it"}
+	}
+	resp, err := c.call(ctx, request{Op: "capture"})
+	if err != nil {
+		return -1, err
+	}
+	if resp.FD == 0 {
+		return -1, &Error{Op: "capture", Code: codeFailed, Message: "the agent passed no listener"}
+	}
+	return c.fds.claim(resp.FD, c.fds.ttl)
+}
+
+// SetDNSCapture switches the sandbox's DNS responder to capture mode:
+// every name gets an address of prefix, which the caller has steered to
+// the capture listener.
+func (c *Client) SetDNSCapture(ctx context.Context, prefix netip.Prefix) error {
+	_, err := c.call(ctx, request{Op: "dnsmode", Prefix: prefix.String()})
+	return err
 }
 
 // claimEgress takes the socket the agent passed as number seq and checks

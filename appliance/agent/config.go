@@ -67,6 +67,17 @@ type Config struct {
 	OnlyBaseURLs bool `json:"onlyBaseUrls,omitempty"`
 	// KillScope: see KillSandbox (the default) and KillDescendants.
 	KillScope KillScope `json:"killScope,omitempty"`
+	// DNS is the loopback IP:port of the agent's DNS responder (UDP and
+	// TCP): "127.0.0.1:53" in a sandbox, whose resolv.conf names it (see
+	// dns.go). Empty: no responder.
+	DNS string `json:"dns,omitempty"`
+	// TrustBundle is a CA bundle in the sandbox holding the service's
+	// interception CA beside the usual roots: commands get SSL_CERT_FILE,
+	// REQUESTS_CA_BUNDLE and GIT_SSL_CAINFO pointing at it, and
+	// NODE_EXTRA_CA_CERTS at TrustCA (or, without one, at it), when the
+	// file exists in the sandbox. Empty: none of these.
+	TrustBundle string `json:"trustBundle,omitempty"`
+	TrustCA     string `json:"trustCa,omitempty"`
 }
 
 // resolved is a validated Config with its defaults applied.
@@ -76,7 +87,13 @@ type resolved struct {
 	home      string
 	baseURLs  map[string]string
 	killScope KillScope
+	dns       string // "" for none
+	trust     trustFiles
 }
+
+// trustFiles are the CA files commands are pointed at (Config.TrustBundle,
+// TrustCA).
+type trustFiles struct{ bundle, ca string }
 
 // initialPIDNamespaceIno is the inode of the kernel's initial PID namespace
 // (PROC_PID_INIT_INO): an agent there is on the host, not in a sandbox.
@@ -123,6 +140,19 @@ func (c Config) resolve() (*resolved, error) {
 		}
 		r.baseURLs[k] = v
 	}
+	if c.DNS != "" {
+		ap, err := netip.ParseAddrPort(c.DNS)
+		if err != nil || !ap.Addr().IsLoopback() {
+			return nil, invalid("config dns %q: want a loopback IP:port such as 127.0.0.1:53", c.DNS)
+		}
+		r.dns = ap.String()
+	}
+	for _, f := range []struct{ name, v string }{{"trustBundle", c.TrustBundle}, {"trustCa", c.TrustCA}} {
+		if f.v != "" && (!path.IsAbs(f.v) || strings.ContainsRune(f.v, 0)) {
+			return nil, invalid("config %s %q: want an absolute path", f.name, f.v)
+		}
+	}
+	r.trust = trustFiles{bundle: c.TrustBundle, ca: c.TrustCA}
 	switch r.killScope {
 	case "":
 		r.killScope = KillSandbox
@@ -226,6 +256,7 @@ func (r *resolved) commandEnv(relay string, set []string) ([]string, error) {
 	for _, k := range proxyVars[:4] {
 		env[k] = proxy
 	}
+	r.trust.addTo(env)
 	for k, v := range own {
 		if isProxyVar(k) {
 			if strings.TrimSuffix(v, "/") != proxy {
@@ -278,6 +309,31 @@ func (r *resolved) commandEnv(relay string, set []string) ([]string, error) {
 		out = append(out, k+"="+env[k])
 	}
 	return out, nil
+}
+
+// trustVars are the variables that name CA files, for OpenSSL and Go
+// (SSL_CERT_FILE), Python's requests and git; NODE_EXTRA_CA_CERTS adds to
+// Node's own roots.
+var trustVars = []string{"SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "GIT_SSL_CAINFO"}
+
+// addTo points the trust variables at the files, those that exist in the
+// sandbox (a variable naming a missing file would break every TLS client
+// that reads it). A command's own value of one wins, as for any variable.
+func (t trustFiles) addTo(env map[string]string) {
+	exists := func(p string) bool {
+		fi, err := os.Stat(p)
+		return err == nil && fi.Mode().IsRegular()
+	}
+	if t.bundle == "" || !exists(t.bundle) {
+		return
+	}
+	for _, k := range trustVars {
+		env[k] = t.bundle
+	}
+	env["NODE_EXTRA_CA_CERTS"] = t.bundle
+	if t.ca != "" && exists(t.ca) {
+		env["NODE_EXTRA_CA_CERTS"] = t.ca
+	}
 }
 
 // lookPath finds file in the command's own PATH (not the agent's).

@@ -157,6 +157,20 @@ func (l *fdSender) Close() error {
 	return l.uc.Close()
 }
 
+// dupListener returns a close-on-exec duplicate of ln's descriptor.
+func dupListener(ln *net.TCPListener) (int, error) {
+	rc, err := ln.SyscallConn()
+	if err != nil {
+		return -1, err
+	}
+	fd := -1
+	var derr error
+	if err := rc.Control(func(f uintptr) { fd, derr = unix.FcntlInt(f, unix.F_DUPFD_CLOEXEC, 0) }); err != nil {
+		return -1, err
+	}
+	return fd, derr
+}
+
 // dupConn returns a close-on-exec duplicate of c's descriptor.
 func dupConn(c *net.TCPConn) (int, error) {
 	rc, err := c.SyscallConn()

@@ -136,7 +136,7 @@ func TestFDPassHostile(t *testing.T) {
 	refuse := func(name string, sc syscall.Conn) {
 		t.Helper()
 		base := fdCount(t)
-		r.s.passFD(dupOf(t, sc), name)
+		r.s.passFD(dupOf(t, sc), name, "")
 		refusals++
 		r.waitLog(t, "refused a socket the agent passed", refusals)
 		waitFDs(t, base)
@@ -199,7 +199,7 @@ func TestFDPassHostile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r.s.passFD(dupOf(t, d.(*net.TCPConn)), "good")
+	r.s.passFD(dupOf(t, d.(*net.TCPConn)), "good", "")
 	d.Close()
 	var c net.Conn
 	select {

@@ -83,6 +83,19 @@ type request struct {
 	// the link (from 1); zero means the connection's bytes follow on the
 	// stream.
 	FD uint64 `json:"fd,omitempty"`
+	// To (egress) is, for a connection captured in the sandbox, where the
+	// process connected: the name the DNS responder gave the address it
+	// dialed (or that address, if it gave none), and the port.
+	To string `json:"to,omitempty"`
+
+	// dnsmode: the capture prefix the DNS responder gives names addresses
+	// of (capture is in place).
+	Prefix string `json:"prefix,omitempty"`
+
+	// lookup (agent → service): a name the sandbox looked up, refused
+	// because nothing is captured, and the query type.
+	Name  string `json:"name,omitempty"`
+	QType string `json:"qtype,omitempty"`
 }
 
 // response answers a request, and also carries the messages that end a
@@ -99,9 +112,13 @@ type response struct {
 	// fdpass: the agent passes egress connections as sockets from now on
 	FDPass bool `json:"fdPass,omitempty"`
 
+	// hello: why the DNS responder could not start (Config.DNS), if it
+	// could not.
+	DNSError string `json:"dnsError,omitempty"`
+
 	// dial: when the agent passes sockets, the connection to the port is
 	// passed too, and FD names it as an egress request does (the stream
-	// then carries nothing more).
+	// then carries nothing more). capture: the capture listener, passed.
 	FD uint64 `json:"fd,omitempty"`
 
 	// exec
@@ -139,6 +156,7 @@ var knownOps = map[string]bool{
 	"hello": true, "ping": true, "exec": true, "signal": true, "killall": true,
 	"read": true, "write": true, "stat": true, "mkdir": true, "remove": true,
 	"tarin": true, "tarout": true, "dial": true, "egress": true, "fdpass": true,
+	"capture": true, "dnsmode": true, "lookup": true,
 }
 
 // readFrame reads one frame from r into buf (grown as needed) and returns

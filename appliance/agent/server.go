@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"strconv"
 	"sync"
@@ -79,6 +80,11 @@ type server struct {
 	stopped   bool // the link ended: no listener may start any more
 
 	egressActive atomic.Int64
+
+	// dns is the DNS responder (nil without Config.DNS); capLn the
+	// capture listener (nil until op capture).
+	dns   *dnsResponder
+	capLn net.Listener
 
 	// fd attaches descriptors to the link: nil unless the link is a unix
 	// stream socket. fdPass is set once the service asked for sockets
@@ -153,7 +159,14 @@ func (s *server) serve(ctx context.Context, conn io.ReadWriteCloser) error {
 	if s.ln != nil {
 		s.ln.Close()
 	}
+	if s.capLn != nil {
+		s.capLn.Close()
+	}
+	dnsr := s.dns
 	s.mu.Unlock()
+	if dnsr != nil {
+		dnsr.close()
+	}
 	s.procs.killAllStarted()
 	done := make(chan struct{})
 	go func() { s.wg.Wait(); close(done) }()
@@ -234,6 +247,10 @@ func (s *server) handle(st *yamux.Stream) {
 			s.fdPass.Store(true)
 		}
 		f.msg(response{FDPass: s.fd != nil})
+	case "capture":
+		s.capture(f)
+	case "dnsmode":
+		s.dnsMode(f, req)
 	default:
 		f.msg(response{Error: toWire(invalid("op %q is not served by the agent", req.Op))})
 	}
@@ -282,8 +299,141 @@ func (s *server) hello(f *framer, req request) {
 		s.acceptEgress(ln)
 	}()
 	relay := s.relayAddr
+	var dnsErr string
+	if cfg.dns != "" {
+		d := newDNSResponder(s.log, s.reportLookup)
+		if err := d.listen(cfg.dns); err != nil {
+			dnsErr = fmt.Sprintf("DNS responder on %s: %v", cfg.dns, err)
+			s.log.Warn("agent: no DNS responder; lookups in the sandbox fail as before, unaudited", "err", err)
+		} else {
+			s.dns = d
+		}
+	}
 	s.mu.Unlock()
-	f.msg(response{Version: s.version, RelayAddr: relay, PID: os.Getpid()})
+	f.msg(response{Version: s.version, RelayAddr: relay, PID: os.Getpid(), DNSError: dnsErr})
+}
+
+// capture makes the capture listener and passes it to the service, which
+// steers the sandbox's connections to the capture prefix to it
+// (internal/netcapture); its connections are then passed on as egress
+// connections naming where they were going. Only over a link that passes
+// sockets, once per link.
+func (s *server) capture(f *framer) {
+	if !s.fdPass.Load() {
+		f.msg(response{Error: toWire(refused("capture needs a link that passes sockets (a unix socket link, after fdpass)"))})
+		return
+	}
+	s.mu.Lock()
+	if s.capLn != nil || s.stopped {
+		s.mu.Unlock()
+		f.msg(response{Error: toWire(invalid("capture was already set up on this link"))})
+		return
+	}
+	var lc net.ListenConfig
+	lc.SetMultipathTCP(false) // an MPTCP socket cannot be steered to
+	ln, err := lc.Listen(s.ctx, "tcp4", "127.0.0.1:0")
+	if err != nil {
+		s.mu.Unlock()
+		f.msg(response{Error: toWire(fmt.Errorf("capture listener: %w", err))})
+		return
+	}
+	s.capLn = ln
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		s.acceptCaptured(ln)
+	}()
+	s.mu.Unlock()
+	fd, err := dupListener(ln.(*net.TCPListener))
+	if err != nil {
+		f.msg(response{Error: toWire(fmt.Errorf("capture listener: %w", err))})
+		return
+	}
+	if seq, ok := s.sender().attach(fd); ok {
+		f.msg(response{FD: seq})
+	}
+}
+
+// dnsMode switches the DNS responder to capture mode: the service has
+// steered the prefix to the capture listener.
+func (s *server) dnsMode(f *framer, req request) {
+	p, err := netip.ParsePrefix(req.Prefix)
+	if err != nil || !p.Addr().Is4() || p != p.Masked() {
+		f.msg(response{Error: toWire(invalid("dnsmode prefix %q: want an IPv4 prefix such as 198.18.0.0/15", req.Prefix))})
+		return
+	}
+	s.mu.Lock()
+	d := s.dns
+	s.mu.Unlock()
+	if d == nil {
+		f.msg(response{Error: toWire(refused("the agent runs no DNS responder (config dns)"))})
+		return
+	}
+	d.setCapture(p)
+	f.msg(response{})
+}
+
+// acceptCaptured passes each connection the capture listener accepts to
+// the service, naming where the process was going.
+func (s *server) acceptCaptured(ln net.Listener) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			if s.ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
+				return
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				time.Sleep(10 * time.Millisecond)
+				continue
+			}
+			s.log.Warn("agent: capture listener failed", "err", err)
+			return
+		}
+		if s.egressActive.Add(1) > maxEgressConns {
+			s.egressActive.Add(-1)
+			c.Close()
+			continue
+		}
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			defer s.egressActive.Add(-1)
+			tc := c.(*net.TCPConn)
+			s.egressTo(tc, s.capturedTo(tc))
+		}()
+	}
+}
+
+// capturedTo says where a captured connection was going: the name its
+// address was given and the port, or the address itself if it has no name
+// (the service judges that as it judges CONNECT to an address).
+func (s *server) capturedTo(c *net.TCPConn) string {
+	la := c.LocalAddr().(*net.TCPAddr).AddrPort()
+	s.mu.Lock()
+	d := s.dns
+	s.mu.Unlock()
+	if d != nil {
+		if name, ok := d.nameOf(la.Addr().Unmap()); ok {
+			return net.JoinHostPort(name, strconv.Itoa(int(la.Port())))
+		}
+	}
+	return la.String()
+}
+
+// reportLookup tells the service of a lookup the responder refused, on a
+// stream of its own.
+func (s *server) reportLookup(name, qtype string) {
+	sess := s.session()
+	if sess == nil {
+		return
+	}
+	st, err := sess.OpenStream()
+	if err != nil {
+		return
+	}
+	newFramer(st).msg(request{Op: "lookup", Name: name, QType: qtype})
+	st.Close()
 }
 
 // acceptEgress turns each connection to the relay listener into a stream
@@ -312,16 +462,19 @@ func (s *server) acceptEgress(ln net.Listener) {
 		go func() {
 			defer s.wg.Done()
 			defer s.egressActive.Add(-1)
-			s.egress(c.(*net.TCPConn))
+			s.egressTo(c.(*net.TCPConn), "")
 		}()
 	}
 }
 
-func (s *server) egress(c *net.TCPConn) {
+// egressTo hands one connection to the service: to is "" for one made to
+// the relay listener, where the process said it was going (a captured
+// one).
+func (s *server) egressTo(c *net.TCPConn, to string) {
 	if s.fdPass.Load() {
 		fd, err := dupConn(c)
 		if err == nil {
-			s.passFD(fd, c.RemoteAddr().String())
+			s.passFD(fd, c.RemoteAddr().String(), to)
 			c.Close() // the service holds the socket now
 			return
 		}
@@ -333,7 +486,7 @@ func (s *server) egress(c *net.TCPConn) {
 		return
 	}
 	sc := &streamConn{Stream: st}
-	if err := newFramer(st).msg(request{Op: "egress", From: c.RemoteAddr().String()}); err != nil {
+	if err := newFramer(st).msg(request{Op: "egress", From: c.RemoteAddr().String(), To: to}); err != nil {
 		sc.Close()
 		c.Close()
 		return
@@ -346,7 +499,7 @@ func (s *server) egress(c *net.TCPConn) {
 // passFD hands the socket fd (which it consumes) to the service: fd rides
 // on the link's next write, then an egress stream names it by number.
 // The stream carries nothing else and is closed at once.
-func (s *server) passFD(fd int, from string) {
+func (s *server) passFD(fd int, from, to string) {
 	seq, ok := s.sender().attach(fd)
 	if !ok {
 		return
@@ -355,7 +508,7 @@ func (s *server) passFD(fd int, from string) {
 	if err != nil {
 		return // the link is down: closing it closes fd
 	}
-	newFramer(st).msg(request{Op: "egress", From: from, FD: seq})
+	newFramer(st).msg(request{Op: "egress", From: from, FD: seq, To: to})
 	st.Close()
 }
 

@@ -1,6 +1,7 @@
 package localbox
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -118,7 +119,7 @@ rpc:            files
 // directory on the scaffold's tmpfs): the sandbox's own /etc, its empty
 // directories, the mount points of hostDirs and the links among them.
 // Everything is owned by the sandbox's root, uid and gid on the host.
-func buildBase(base, id string, uid, gid int) error {
+func buildBase(base, id string, uid, gid int, trustCA []byte) error {
 	chown := func(p string) error { return os.Lchown(p, uid, gid) }
 	mkdir := func(rel string, mode os.FileMode) error {
 		p := filepath.Join(base, rel)
@@ -190,7 +191,87 @@ func buildBase(base, id string, uid, gid int) error {
 	if err := os.Symlink("../proc/self/mounts", filepath.Join(etc, "mtab")); err != nil && !errors.Is(err, fs.ErrExist) {
 		return err
 	}
-	return chown(filepath.Join(etc, "mtab"))
+	if err := chown(filepath.Join(etc, "mtab")); err != nil {
+		return err
+	}
+	return addTrust(etc, trustCA, uid, gid)
+}
+
+// TrustedCAFile and TrustBundle are where the default image has the CA
+// certificates of Config.TrustCA: alone, and in the system bundle (which
+// always exists when TrustCA is given).
+const (
+	TrustedCAFile = "/etc/ssl/certs/sandgate-ca.pem"
+	TrustBundle   = "/etc/ssl/certs/ca-certificates.crt"
+)
+
+// systemBundles are the CA bundles of the distributions, under /etc, that
+// TLS libraries read by default.
+var systemBundles = []string{"ssl/certs/ca-certificates.crt", "ssl/cert.pem", "pki/tls/certs/ca-bundle.crt", "pki/ca-trust/extracted/pem/tls-ca-bundle.pem"}
+
+// addTrust adds the certificates of ca to the image's /etc (etc): to every
+// system bundle it copied (a link to one is left to it), as
+// TrustedCAFile, and as TrustBundle when the host has none there. Every
+// file is reached inside etc only (os.Root): a link copied from the host
+// that points out of it is never written through.
+func addTrust(etc string, ca []byte, uid, gid int) error {
+	if len(ca) == 0 {
+		return nil
+	}
+	root, err := os.OpenRoot(etc)
+	if err != nil {
+		return err
+	}
+	defer root.Close()
+	pemCA := append(bytes.TrimRight(ca, "\n"), '\n')
+	write := func(rel string, data []byte, flag int) error {
+		if err := root.MkdirAll(filepath.Dir(rel), 0o755); err != nil {
+			return err
+		}
+		f, err := root.OpenFile(rel, os.O_WRONLY|os.O_CREATE|flag, 0o644)
+		if err != nil {
+			return err
+		}
+		_, err = f.Write(data)
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return err
+		}
+		return root.Lchown(rel, uid, gid)
+	}
+	var first []byte
+	for _, rel := range systemBundles {
+		fi, err := root.Lstat(rel)
+		if err != nil || !fi.Mode().IsRegular() {
+			continue
+		}
+		old, err := root.ReadFile(rel)
+		if err != nil {
+			return err
+		}
+		sep := []byte{}
+		if len(old) > 0 && old[len(old)-1] != '\n' {
+			sep = []byte{'\n'}
+		}
+		if err := write(rel, append(sep, pemCA...), os.O_APPEND); err != nil {
+			return err
+		}
+		if first == nil {
+			first = append(append(old, sep...), pemCA...)
+		}
+	}
+	bundle := strings.TrimPrefix(TrustBundle, "/etc/")
+	if _, err := root.Lstat(bundle); errors.Is(err, fs.ErrNotExist) {
+		if first == nil {
+			first = pemCA
+		}
+		if err := write(bundle, first, os.O_TRUNC); err != nil {
+			return err
+		}
+	}
+	return write(strings.TrimPrefix(TrustedCAFile, "/etc/"), pemCA, os.O_TRUNC)
 }
 
 // copyEtc copies the host's src (a file, a symbolic link as it is, or a

@@ -210,7 +210,7 @@ func prepareRoot(dir string, cfg *Config, masks []mask, idBase int) (rootFD int,
 	image := cfg.Rootfs
 	subdirs := []string(nil)
 	if isDefaultImage(cfg.Rootfs) {
-		if err := buildBase(base, cfg.ID, uid, uid); err != nil {
+		if err := buildBase(base, cfg.ID, uid, uid, cfg.TrustCA); err != nil {
 			return -1, fmt.Errorf("the default image: %w", err)
 		}
 		image = base

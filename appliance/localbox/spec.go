@@ -1,6 +1,9 @@
 package localbox
 
 import (
+	"bytes"
+	"crypto/x509"
+	"encoding/pem"
 	"github.com/sandgate/sandgate/appliance/sandboxcli"
 
 	"cmp"
@@ -131,6 +134,11 @@ type Config struct {
 	// cgroup (--memory) where there is one, and against the host where not.
 	TmpSize int64 `json:"tmpSize,omitempty"`
 	ShmSize int64 `json:"shmSize,omitempty"`
+	// TrustCA is PEM certificates (a CA's, never a key) the default
+	// image's /etc trusts beside the host's roots: appended to its system
+	// bundles and written as ssl/certs/sandgate-ca.pem (sandgate's
+	// interception CA). Ignored with a Rootfs, whose /etc is its own.
+	TrustCA []byte `json:"trustCa,omitempty"`
 	// Cmd is run's command; when it exits the sandbox stops.
 	Cmd     []string  `json:"cmd"`
 	Created time.Time `json:"created"`
@@ -153,6 +161,9 @@ const defaultPath = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbi
 
 func (c *Config) check() error {
 	if err := CheckID(c.ID); err != nil {
+		return err
+	}
+	if err := checkTrustCA(c.TrustCA); err != nil {
 		return err
 	}
 	if !isDefaultImage(c.Rootfs) && !filepath.IsAbs(c.Rootfs) {
@@ -241,4 +252,39 @@ func mergeEnv(base, over []string) []string {
 		add("HOME=/root")
 	}
 	return out
+}
+
+// maxTrustCA bounds Config.TrustCA.
+const maxTrustCA = 64 << 10
+
+// checkTrustCA accepts PEM certificates only: never a key, nothing else.
+func checkTrustCA(b []byte) error {
+	if len(b) == 0 {
+		return nil
+	}
+	if len(b) > maxTrustCA {
+		return fmt.Errorf("%w: the CA certificates to trust are over %d bytes", ErrBadInput, maxTrustCA)
+	}
+	n := 0
+	for rest := b; ; {
+		var blk *pem.Block
+		blk, rest = pem.Decode(rest)
+		if blk == nil {
+			if len(bytes.TrimSpace(rest)) > 0 {
+				return fmt.Errorf("%w: the CA file holds something that is not a PEM certificate", ErrBadInput)
+			}
+			break
+		}
+		if blk.Type != "CERTIFICATE" {
+			return fmt.Errorf("%w: the CA file holds a PEM %q block; give certificates only (never a key)", ErrBadInput, blk.Type)
+		}
+		if _, err := x509.ParseCertificate(blk.Bytes); err != nil {
+			return fmt.Errorf("%w: the CA file: %v", ErrBadInput, err)
+		}
+		n++
+	}
+	if n == 0 {
+		return fmt.Errorf("%w: the CA file holds no PEM certificate", ErrBadInput)
+	}
+	return nil
 }

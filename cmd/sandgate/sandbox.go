@@ -29,6 +29,7 @@ func sandboxCommand() *cli.Command {
 		&cli.GenericFlag{Name: "mask", Value: &repeated{}, Usage: "host `PATH` the sandbox must never see, hidden wherever the image shows it (repeatable; the state directory always is)"},
 		&cli.StringFlag{Name: "userns", Value: "auto", Usage: "run the sandbox in a user namespace: `MODE` auto (where the kernel allows), on (or fail), off"},
 		&cli.GenericFlag{Name: "mount", Value: &repeated{}, Usage: "bind-mount `SPEC`, type=bind,source=S,destination=D[,readonly] (repeatable)"},
+		&cli.StringFlag{Name: "ca-cert", Usage: "PEM `FILE` of CA certificates the default image's /etc trusts beside the host's roots (its system bundle and " + localbox.TrustedCAFile + "; sandgate's own)"},
 		&cli.BoolFlag{Name: "stdin", Value: true, Usage: "connect stdin without --detach (--stdin=false to leave it unconnected)"},
 		&cli.BoolFlag{Name: "stdout", Value: true, Usage: "connect stdout without --detach (--stdout=false to leave it unconnected)"},
 		&cli.BoolFlag{Name: "stderr", Value: true, Usage: "connect stderr without --detach (--stderr=false to leave it unconnected)"},
@@ -274,6 +275,13 @@ func runSandboxRun(c *cli.Context) error {
 			Env: values(c, "env"), Dir: c.String("workdir"), Cmd: cmd, Pids: c.Int64("pids"),
 		},
 		ImportTar: c.String("import-tar"),
+	}
+	if f := c.String("ca-cert"); f != "" {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return badInput("--ca-cert: %v", err)
+		}
+		opts.TrustCA = b
 	}
 	for _, sz := range []struct {
 		flag string

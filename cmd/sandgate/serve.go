@@ -23,6 +23,7 @@ import (
 	"github.com/sandgate/sandgate/appliance/localbox"
 	"github.com/sandgate/sandgate/internal/cloudlog"
 	"github.com/sandgate/sandgate/netpolicy"
+	"github.com/sandgate/sandgate/relay/ca"
 	"github.com/sandgate/sandgate/snapshot/store"
 )
 
@@ -74,6 +75,8 @@ Run (IAM in front) or with --allow-open.`,
 			&cli.DurationFlag{Name: "shutdown-grace", Value: 9 * time.Second, Usage: "on SIGTERM/SIGINT, save every running sandbox within `DURATION` (Cloud Run gives 10s)", EnvVars: []string{"SANDGATE_SHUTDOWN_GRACE"}},
 			&cli.StringFlag{Name: "audit-log", Value: "-", Usage: "write egress audit events as JSON lines to `FILE` (- for standard output)", EnvVars: []string{"SANDGATE_AUDIT_LOG"}},
 			&cli.StringSliceFlag{Name: "upstream-ca", Usage: "also trust the PEM certificates in `FILE` for upstreams (tests, private CAs); repeatable", EnvVars: []string{"SANDGATE_UPSTREAM_CA"}},
+			&cli.StringFlag{Name: "intercept-ca", Usage: "the interception CA (hosts a policy's \"intercept\" names): `DIR` to keep it in (ca.pem, ca-key.pem 0600; made if absent), off for none (default: made at start, in memory only)", EnvVars: []string{"SANDGATE_INTERCEPT_CA"}},
+			&cli.BoolFlag{Name: "capture", Value: true, Usage: "capture, in each sandbox, the connections of processes that ignore the proxy variables, and judge them as CONNECT (sandgate sandbox, as root; --capture=false: their lookups fail at once, audited)", EnvVars: []string{"SANDGATE_CAPTURE"}},
 			&cli.GenericFlag{Name: "transform-module", Value: &moduleSpecs{}, Usage: "apply the WebAssembly module in `FILE[?CONFIG]` to every sandbox's base-URL routes, before its own modules and the credential swap; repeatable"},
 		}, dnsFlags(), wasmRuntimeFlags()),
 		OnUsageError: usageError,
@@ -239,6 +242,11 @@ func runServe(c *cli.Context) error {
 		CLI: c.String("sandbox-cli"), StateDir: filepath.Join(state, "sandboxes"),
 		Memory: sc.memory, Pids: c.Int("sandbox-pids"), Rootfs: c.String("rootfs"),
 		Hide: hiddenPaths(c, state), PrivateDir: state, UserNS: userNSMode(c.String("userns")),
+		Capture: c.Bool("capture"),
+	}
+	ica, err := interceptCA(c.String("intercept-ca"))
+	if err != nil {
+		return badInput("SANDGATE_INTERCEPT_CA (--intercept-ca): %v", err)
 	}
 	if !lc.Google() {
 		// An image that shows the service's state cannot be run: say so
@@ -275,7 +283,7 @@ func runServe(c *cli.Context) error {
 		idle = -1
 	}
 	svc, err := service.New(ctx, service.Config{
-		DNSServers: splitAll(c.StringSlice("dns")), AllowPrivate: sc.allowPrivate, UpstreamRoots: roots,
+		DNSServers: splitAll(c.StringSlice("dns")), AllowPrivate: sc.allowPrivate, UpstreamRoots: roots, InterceptCA: ica,
 		AuditLog: auditOut, Modules: rt, ServiceModules: modules, Store: st, Launcher: lc, Logger: logger,
 		Manager: appliance.ManagerConfig{
 			ImageID: sc.imageID, Version: serveVersion(), WorkDir: filepath.Join(state, "work"),
@@ -341,6 +349,9 @@ func hiddenPaths(c *cli.Context, state string) []string {
 		add(c.String("snapshot-dir"))
 	}
 	add(c.String("audit-log"))
+	if d := c.String("intercept-ca"); d != "off" {
+		add(d)
+	}
 	for _, f := range c.StringSlice("upstream-ca") {
 		add(f)
 	}
@@ -353,6 +364,18 @@ func hiddenPaths(c *cli.Context, state string) []string {
 		add(p)
 	}
 	return out
+}
+
+// interceptCA is the interception CA of --intercept-ca: made in memory
+// (""), none ("off"), or kept in a directory.
+func interceptCA(v string) (*ca.Authority, error) {
+	switch v {
+	case "off":
+		return nil, nil
+	case "":
+		return ca.New()
+	}
+	return ca.Open(v)
 }
 
 func storeName(c *cli.Context) string {

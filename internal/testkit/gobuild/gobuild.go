@@ -78,6 +78,14 @@ var (
 	linkErr  error
 )
 
+// Static returns the path of the Go package pkg (an import path) built as
+// a static program for this machine, as the image builds sandgate: one that
+// runs inside a sandbox, whatever its image.
+func Static(t testing.TB, pkg string) string {
+	t.Helper()
+	return build(t, pkg, filepath.Join("static", filepath.Base(pkg)), ImageEnv, ImageFlags)
+}
+
 // Wasm returns the path of the Go package pkg (an import path, or a
 // directory) built as a WebAssembly reactor module (GOOS=wasip1
 // GOARCH=wasm -buildmode=c-shared), the form sandgate loads.

@@ -36,6 +36,7 @@ import (
 	"github.com/sandgate/sandgate/internal/testkit/syncbuf"
 	"github.com/sandgate/sandgate/internal/testkit/tlstest"
 	"github.com/sandgate/sandgate/relay/audit"
+	"github.com/sandgate/sandgate/relay/ca"
 	"github.com/sandgate/sandgate/snapshot"
 	"github.com/sandgate/sandgate/snapshot/store"
 	"github.com/sandgate/sandgate/transforms/wasm"
@@ -75,6 +76,9 @@ type Config struct {
 	// Manager, when set, edits the manager's configuration before the
 	// service starts.
 	Manager func(*appliance.ManagerConfig)
+	// NoCapture and NoIntercept turn off what serve does by default:
+	// capture in each sandbox, and an interception CA (made in memory).
+	NoCapture, NoIntercept bool
 }
 
 // Stack is a running stack. Close it when done.
@@ -98,6 +102,10 @@ type Stack struct {
 	// UpstreamAddr is the upstream's address (a random 127.x.y.z): the one
 	// private address the proxy may dial (its AllowPrivate).
 	UpstreamAddr netip.Addr
+	// InterceptCA is the service's interception CA (nil with NoIntercept).
+	InterceptCA *ca.Authority
+	// DNS is the stack's DNS server, for tests that name more upstreams.
+	DNS *dnstest.Server
 
 	closers []func()
 
@@ -137,6 +145,7 @@ func Start(cfg Config) (s *Stack, err error) {
 		return nil, err
 	}
 	s.closers = append(s.closers, func() { dns.Close() })
+	s.DNS = dns
 	if s.CA, err = tlstest.NewCA(); err != nil {
 		return nil, err
 	}
@@ -191,12 +200,17 @@ func Start(cfg Config) (s *Stack, err error) {
 	if rings <= 0 {
 		rings = 200
 	}
+	if !cfg.NoIntercept {
+		if s.InterceptCA, err = ca.New(); err != nil {
+			return nil, err
+		}
+	}
 	s.Service, err = service.New(context.Background(), service.Config{
 		DNSServers: []string{dns.Addr}, DNSTimeout: 10 * time.Second, DialTimeout: 5 * time.Second,
 		AllowPrivate:  []netip.Prefix{netip.PrefixFrom(upAddr, 32)},
-		UpstreamRoots: s.CA.Pool, AuditLog: s.Log, AuditKeep: rings, Modules: cfg.Modules,
+		UpstreamRoots: s.CA.Pool, AuditLog: s.Log, AuditKeep: rings, Modules: cfg.Modules, InterceptCA: s.InterceptCA,
 		Store:    st,
-		Launcher: appliance.LauncherConfig{CLI: bin, AgentBinary: bin, StateDir: s.StateDir},
+		Launcher: appliance.LauncherConfig{CLI: bin, AgentBinary: bin, StateDir: s.StateDir, PrivateDir: dir, Capture: !cfg.NoCapture},
 		Manager:  mc, Server: sc, Logger: s.Logger,
 	})
 	if err != nil {
