@@ -92,6 +92,7 @@ func scenarios(t *testing.T, tg *target) {
 		{"suspend-resume", testSuspendResume},
 		{"sigterm-saves-all", testSIGTERMSavesAll},
 		{"protocol-1-fidelity", testProtocol1Fidelity},
+		{"egress-without-proxy-variables", testEgressWithoutProxy},
 	} {
 		t.Run(sc.name, func(t *testing.T) {
 			t.Parallel()

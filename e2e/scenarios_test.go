@@ -584,3 +584,58 @@ echo "notaroute=$(curl -sS -o /dev/null -w '%{http_code}' "$HTTP_PROXY/not-a-rou
 		t.Errorf("$HTTP_PROXY/not-a-route: %q; want 403", got["notaroute"])
 	}
 }
+
+// testEgressWithoutProxy: a process that ignores the proxy variables is
+// captured and judged as CONNECT where the sandbox's link passes sockets
+// (sandgate sandbox); where it does not (Google's CLI) its lookups fail at
+// once (NXDOMAIN) and are audited as a direct connection attempted.
+func testEgressWithoutProxy(t *testing.T, tg *target) {
+	s := tg.create(t, tg.c, client.CreateOptions{AllowedHosts: []string{echoHost}})
+	res, err := s.Run(ctx(t), client.Command{Command: "getent hosts " + echoHost})
+	if err != nil {
+		t.Fatal(err)
+	}
+	captured := res.ExitCode == 0 && strings.HasPrefix(string(res.Stdout), "198.1")
+	switch {
+	case tg.name == "sandgate-sandbox" && !captured:
+		t.Fatalf("no capture with sandgate sandbox: getent says %q (exit %d)", res.Stdout, res.ExitCode)
+	case tg.name == "google-cli" && captured:
+		t.Fatalf("capture over Google's CLI, whose link passes no sockets: %q", res.Stdout)
+	}
+	want := func(ok func(client.AuditEvent) bool) client.AuditEvent {
+		t.Helper()
+		var found client.AuditEvent
+		waitFor(t, "the audit event", func() bool {
+			evs, err := s.Audit(ctx(t))
+			for _, e := range evs {
+				if ok(e) {
+					found = e
+					return true
+				}
+			}
+			return err != nil
+		})
+		return found
+	}
+	if !captured {
+		ev := want(func(e client.AuditEvent) bool { return e.Kind == "dns" && e.Host == echoHost })
+		if ev.Allow || ev.Code != "direct_lookup" || ev.Reason == "" {
+			t.Errorf("the lookup's event: %+v", ev)
+		}
+		return
+	}
+	if tg.remote {
+		return // the upstream's CA is not ours to give
+	}
+	if err := s.WriteFile(ctx(t), "/tmp/e2e-ca.pem", bytes.NewReader(tg.f.ca.PEM)); err != nil {
+		t.Fatal(err)
+	}
+	out := run(t, s, "curl -sS --noproxy '*' --cacert /tmp/e2e-ca.pem https://"+echoHost+"/captured")
+	if !strings.HasPrefix(out, "path=/captured") {
+		t.Errorf("a captured request got %q", out)
+	}
+	ev := want(func(e client.AuditEvent) bool { return e.Kind == "capture" && e.Host == echoHost })
+	if !ev.Allow || ev.Port != 443 || ev.Code != "allowed_host" {
+		t.Errorf("the captured connection's event: %+v", ev)
+	}
+}

@@ -3,9 +3,15 @@ package service_test
 import (
 	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/x509"
 	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"encoding/pem"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +19,7 @@ import (
 	"github.com/sandgate/sandgate/internal/testkit/gobuild"
 	"github.com/sandgate/sandgate/internal/testkit/stacktest"
 	"github.com/sandgate/sandgate/relay/audit"
+	"github.com/sandgate/sandgate/relay/ca"
 	"github.com/sandgate/sandgate/transforms/wasm"
 )
 
@@ -195,5 +202,123 @@ func TestInterceptInASandbox(t *testing.T) {
 	ev := r.eventWith("box", "intercept_refused", func(e audit.Event) bool { return e.Code == audit.CodeInterceptRefused })
 	if !strings.Contains(ev.Error, "pins certificates") {
 		t.Errorf("event = %+v", ev)
+	}
+}
+
+// TestLookupsWithoutCaptureFailAtOnceAndAreAudited: where nothing is
+// captured (here turned off; on Google's CLI, whose link passes no
+// sockets), a lookup in the sandbox gets NXDOMAIN at once, not a timeout,
+// and the audit says a direct connection was attempted, not one through
+// the proxy.
+func TestLookupsWithoutCaptureFailAtOnceAndAreAudited(t *testing.T) {
+	r := newRigOn(t, stacktest.Config{NoCapture: true}, nil)
+	r.create("box", map[string]any{"allowedHosts": []string{"api.example.com"}})
+	r.netprobe("box")
+	res := r.exec("box", noProxy+"netprobe -lookup api.example.com", nil)
+	if res.exit == 0 || !strings.Contains(res.stdout, "lookup api.example.com NXDOMAIN") {
+		t.Errorf("a lookup without capture: %+v; want NXDOMAIN (an answer, not a timeout)", res)
+	}
+	if res := r.exec("box", "getent hosts direct.example.org", nil); res.exit == 0 {
+		t.Errorf("getent resolved a name: %+v", res)
+	}
+	for _, name := range []string{"api.example.com", "direct.example.org"} {
+		ev := r.eventWith("box", "dns "+name, func(e audit.Event) bool { return e.Kind == audit.DNS && e.Host == name })
+		if ev.Allow || ev.Code != audit.CodeDirectLookup || !strings.Contains(ev.Reason, "through the proxy") {
+			t.Errorf("event = %+v", ev)
+		}
+	}
+	// The proxy variables still work as before.
+	if res := r.exec("box", "curl -sS https://api.example.com/v1 --cacert /tmp/upstream-ca.pem", nil); res.exit != 0 || !strings.HasPrefix(res.stdout, "path=/v1") {
+		t.Errorf("curl through the proxy: %+v", res)
+	}
+}
+
+// TestInterceptCAKeyInNoArtifact: the interception CA's key (kept in a
+// directory of the service's, as SANDGATE_INTERCEPT_CA does) is in no
+// file a sandbox has or can read, in no snapshot or template object, in
+// no log and no audit event, after the sandbox used interception and
+// capture, was suspended, resumed and made a template. Its certificate
+// is found where it must be, so the search reaches those places.
+func TestInterceptCAKeyInNoArtifact(t *testing.T) {
+	keyDir := t.TempDir()
+	ica, err := ca.Open(keyDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyPEM, err := os.ReadFile(filepath.Join(keyDir, ca.KeyFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	blk, _ := pem.Decode(keyPEM)
+	k, err := x509.ParsePKCS8PrivateKey(blk.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := k.(*ecdsa.PrivateKey).D
+	needles := map[string][]byte{
+		"the key's PEM": bytes.TrimSpace(keyPEM), "the key's DER": blk.Bytes,
+		"the private scalar": d.FillBytes(make([]byte, 32)), "the scalar in hex": []byte(hex.EncodeToString(d.FillBytes(make([]byte, 32)))),
+		"the scalar in decimal": []byte(d.String()),
+	}
+	for _, line := range strings.Split(string(keyPEM), "\n") {
+		if len(line) >= 40 && !strings.HasPrefix(line, "-----") {
+			needles["a line of the key's PEM"] = []byte(line)
+		}
+	}
+	search := func(where string, b []byte) {
+		for what, n := range needles {
+			if bytes.Contains(b, n) {
+				t.Errorf("%s is in %s", what, where)
+			}
+		}
+	}
+
+	r := newRigOn(t, stacktest.Config{InterceptCA: ica}, nil)
+	r.create("box", nil)
+	r.must(204, "PUT", "/v1/sandboxes/box/network", map[string]any{"policy": map[string]any{
+		"mode": "custom", "allowedHosts": []string{"api.example.com"}, "intercept": []string{"api.example.com"}}})
+	r.netprobe("box")
+	for _, cmd := range []string{"curl -sS https://api.example.com/a", "curl -sS --noproxy '*' https://api.example.com/b",
+		noProxy + "netprobe -ca /tmp/upstream-ca.pem -get https://api.example.com/pinned", "echo work > /workspace/w"} {
+		r.exec("box", cmd, nil)
+	}
+	r.eventWith("box", "an intercepted request", func(e audit.Event) bool { return e.Kind == audit.Intercept && e.Status == 200 })
+	// Everything the sandbox sees outside the host's programs: its /etc,
+	// its own directories, /tmp, every process's environment (what it
+	// wrote anywhere, /usr included, is in its layer: the store's objects
+	// below).
+	dump := r.exec("box", `tar -cf - /etc /root /home /workspace /var /run /opt /srv /tmp 2>/dev/null; for f in /proc/[0-9]*/environ /proc/[0-9]*/cmdline; do cat "$f"; done 2>/dev/null`, nil)
+	t.Logf("dump %d bytes", len(dump.stdout))
+	if !strings.Contains(dump.stdout, strings.TrimSpace(string(ica.CertPEM()))) {
+		t.Error("the dump of the sandbox lacks the CA's certificate: the search does not reach its trust")
+	}
+	search("the sandbox", []byte(dump.stdout))
+	r.must(204, "POST", "/v1/sandboxes/box/template", map[string]any{"id": "t1"})
+	r.must(204, "POST", "/v1/sandboxes/box/suspend", nil)
+	r.must(200, "POST", "/v1/sandboxes/box/resume", map[string]any{})
+	objects := 0
+	if err := stacktest.StoreObjects(r.stack.StoreDir, func(name string, b []byte) {
+		objects++
+		search("the store's "+name, b)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if objects < 2 {
+		t.Errorf("the store holds %d objects: the snapshot and the template were to be searched", objects)
+	}
+	for _, dir := range []string{r.stack.StateDir, r.stack.WorkDir, filepath.Dir(r.stack.StateDir)} {
+		filepath.WalkDir(dir, func(p string, de os.DirEntry, err error) error {
+			if err == nil && de.Type().IsRegular() && !strings.HasPrefix(p, keyDir) {
+				if b, err := os.ReadFile(p); err == nil {
+					search(p, b)
+				}
+			}
+			return nil
+		})
+	}
+	search("the service's log and audit log", []byte(r.log.String()))
+	for _, e := range r.rings.Events("box") {
+		b, _ := json.Marshal(e)
+		search("an audit event", b)
 	}
 }

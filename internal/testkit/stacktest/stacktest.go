@@ -79,6 +79,9 @@ type Config struct {
 	// NoCapture and NoIntercept turn off what serve does by default:
 	// capture in each sandbox, and an interception CA (made in memory).
 	NoCapture, NoIntercept bool
+	// InterceptCA, when set, is the interception CA (one kept in a
+	// directory, say, whose key a test searches for).
+	InterceptCA *ca.Authority
 }
 
 // Stack is a running stack. Close it when done.
@@ -200,7 +203,8 @@ func Start(cfg Config) (s *Stack, err error) {
 	if rings <= 0 {
 		rings = 200
 	}
-	if !cfg.NoIntercept {
+	s.InterceptCA = cfg.InterceptCA
+	if !cfg.NoIntercept && s.InterceptCA == nil {
 		if s.InterceptCA, err = ca.New(); err != nil {
 			return nil, err
 		}
