@@ -52,7 +52,7 @@ func (p *Proxy) ServeCaptured(ctx context.Context, c net.Conn, tenant *Tenant, h
 func (p *Proxy) RecordLookup(tenant *Tenant, name, qtype string) {
 	p.record(audit.Event{
 		Sandbox: tenant.id, Kind: audit.DNS, Host: truncate(name, 253), Method: truncate(qtype, 10),
-		Code: audit.CodeDirectLookup,
+		Code:   audit.CodeDirectLookup,
 		Reason: fmt.Sprintf("%s was looked up inside the sandbox, for a direct connection; a sandbox has no network of its own and nothing is captured here, so it got NXDOMAIN at once: connect through the proxy (HTTPS_PROXY, which every command has) or a base URL", truncate(name, 253)),
 	})
 }
