@@ -204,6 +204,32 @@ func (ic *interception) target(req *http.Request) (target, error) {
 	if host == "" && req.URL != nil {
 		host = req.URL.Host
 	}
+	if err := ic.sameHost(host); err != nil {
+		return target{}, err
+	}
+	rest := req.RequestURI
+	if !strings.HasPrefix(rest, "/") {
+		// An absolute URI (HTTP/1.1 allows one): its host must be the
+		// connection's too.
+		u, perr := url.ParseRequestURI(rest)
+		if perr != nil || req.Method == http.MethodConnect || !strings.EqualFold(u.Scheme, "https") || u.Host == "" {
+			return target{}, badRequest("request target %q: send an origin-form path such as /v1/models", truncate(rest, 100))
+		}
+		if err := ic.sameHost(u.Host); err != nil {
+			return target{}, err
+		}
+		if rest = u.RequestURI(); !strings.HasPrefix(rest, "/") {
+			return target{}, badRequest("request target %q: send an origin-form path such as /v1/models", truncate(req.RequestURI, 100))
+		}
+	}
+	if strings.ContainsAny(rest, " \t\r\n\x00") {
+		return target{}, badRequest("request path contains whitespace or control characters")
+	}
+	return target{kind: kindRoute, host: ic.host.String(), port: ic.port, rest: rest, icpt: ic}, nil
+}
+
+// sameHost refuses (421) a host[:port] other than the connection's.
+func (ic *interception) sameHost(host string) error {
 	h, port, err := netpolicy.SplitHostPort(host)
 	if err == nil {
 		var ch netpolicy.Host
@@ -212,23 +238,10 @@ func (ic *interception) target(req *http.Request) (target, error) {
 		}
 	}
 	if err != nil || host == "" {
-		return target{}, &Error{Status: http.StatusMisdirectedRequest, Code: audit.CodeMisdirected,
+		return &Error{Status: http.StatusMisdirectedRequest, Code: audit.CodeMisdirected,
 			Reason: fmt.Sprintf("this connection was opened for %s and carries requests for it only; the request %s", ic.host, whyHost(host, err))}
 	}
-	rest := req.RequestURI
-	if !strings.HasPrefix(rest, "/") {
-		// An absolute URI (HTTP/1.1 allows it; its host was checked), or
-		// an HTTP/2 request's path.
-		u, perr := url.ParseRequestURI(rest)
-		if perr != nil || req.Method == http.MethodConnect || rest == "*" {
-			return target{}, badRequest("request target %q: send an origin-form path such as /v1/models", truncate(rest, 100))
-		}
-		rest = u.RequestURI()
-	}
-	if strings.ContainsAny(rest, " \t\r\n\x00") {
-		return target{}, badRequest("request path contains whitespace or control characters")
-	}
-	return target{kind: kindRoute, host: ic.host.String(), port: ic.port, rest: rest, icpt: ic}, nil
+	return nil
 }
 
 func whyHost(host string, err error) string {

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"sync"
@@ -23,6 +24,7 @@ import (
 	"github.com/sandgate/sandgate/internal/cloudlog"
 	"github.com/sandgate/sandgate/relay"
 	"github.com/sandgate/sandgate/relay/audit"
+	"github.com/sandgate/sandgate/relay/ca"
 	"github.com/sandgate/sandgate/transforms"
 	"github.com/sandgate/sandgate/transforms/wasm"
 )
@@ -44,6 +46,7 @@ one audit event on --audit-log.`,
 				&cli.StringFlag{Name: "transformations", Usage: "request-transformation rules `FILE` (JSON list; header values may be {\"env\":\"NAME\"})", EnvVars: []string{"SANDBOX_TRANSFORMATIONS_FILE"}},
 				&cli.GenericFlag{Name: "transform-module", Value: &moduleSpecs{}, Usage: "apply the WebAssembly (http-wasm) module in `FILE[?CONFIG]` to base-URL routes, before the secret swap; repeatable, applied in order; CONFIG is the module's config, or @PATH to read it from a file"},
 				&cli.StringSliceFlag{Name: "upstream-ca", Usage: "also trust the PEM certificates in `FILE` for upstreams (tests, private CAs); repeatable", EnvVars: []string{"SANDGATE_UPSTREAM_CA"}},
+				&cli.StringFlag{Name: "intercept-ca", Usage: "the interception CA, kept in `DIR` (ca.pem, which clients must trust, and ca-key.pem, 0600; made if absent): needed when the policy's \"intercept\" names hosts", EnvVars: []string{"SANDGATE_INTERCEPT_CA"}},
 				&cli.StringFlag{Name: "audit-log", Value: "-", Usage: "write audit events as JSON lines to `FILE` (- for standard output)", EnvVars: []string{"SANDGATE_AUDIT_LOG"}},
 				&cli.StringFlag{Name: "metrics-listen", Usage: "serve Prometheus /metrics on `ADDR` (off when empty)", EnvVars: []string{"SANDGATE_METRICS_LISTEN"}},
 				&cli.StringFlag{Name: "sandbox-id", Value: "standalone", Usage: "the sandbox `ID` this proxy's connections are served and audited as"},
@@ -81,7 +84,17 @@ func runProxy(c *cli.Context) error {
 		return badInput("--audit-log: %v", err)
 	}
 	defer closeAudit()
-	pp, err := buildProxy(c, logger, eg, auditOut, nil, false)
+	var ica *ca.Authority
+	switch dir := c.String("intercept-ca"); {
+	case dir != "":
+		if ica, err = ca.Open(dir); err != nil {
+			return badInput("--intercept-ca: %v", err)
+		}
+		logger.Info("interception CA: clients must trust its certificate", "cert", filepath.Join(dir, ca.CertFile), "fingerprint", ica.Fingerprint())
+	case len(eg.policy.Intercept) > 0:
+		return badInput(`the policy's "intercept" names hosts, and the proxy has no CA to intercept them with: give --intercept-ca DIR (made if absent; its ca.pem is what clients must trust)`)
+	}
+	pp, err := buildProxy(c, logger, eg, auditOut, nil, false, ica)
 	if err != nil {
 		return err
 	}
@@ -153,7 +166,7 @@ func (pp *proxyParts) Close() {
 // registry, and, with rings, kept per sandbox for the API. withRuntime
 // makes a WebAssembly runtime even without service-wide modules (serve
 // loads sandboxes' own).
-func buildProxy(c *cli.Context, logger *slog.Logger, eg *egress, auditOut io.Writer, rings *audit.Rings, withRuntime bool) (_ *proxyParts, err error) {
+func buildProxy(c *cli.Context, logger *slog.Logger, eg *egress, auditOut io.Writer, rings *audit.Rings, withRuntime bool, ica *ca.Authority) (_ *proxyParts, err error) {
 	pp := &proxyParts{rings: rings}
 	defer func() {
 		if err != nil {
@@ -182,6 +195,7 @@ func buildProxy(c *cli.Context, logger *slog.Logger, eg *egress, auditOut io.Wri
 		Logger:        logger,
 		UpstreamRoots: roots,
 		Modules:       pp.modules,
+		CA:            ica,
 	})
 	if err != nil {
 		return nil, err
