@@ -8,7 +8,10 @@
 //   - added latency per routed request, p50 and p99, one request at a time;
 //   - beside both, the floor: a process that forwards bytes and nothing
 //     else (floor.go), what a second hop costs on this machine whatever the
-//     proxy does.
+//     proxy does;
+//   - an intercepted request (CONNECT to a host the policy intercepts,
+//     the proxy terminating TLS) against the same request as a base-URL
+//     route, rate and latency (intercept.go).
 //
 // Everything runs on loopback: a DNS server, the upstream on 127.x.y.z:443
 // (binding 443 needs root), and the proxy built from this checkout. Run it
@@ -47,13 +50,14 @@ func main() {
 	dur := flag.Duration("duration", 5*time.Second, "time each target gets in the request-rate measure, split over its rounds")
 	conc := flag.Int("concurrency", 8, "concurrent clients in the request-rate runs")
 	lat := flag.Int("latency-requests", 3000, "sequential requests per latency run")
+	h2 := flag.Bool("intercept-h2", false, "speak HTTP/2 inside the intercepted connections (default HTTP/1.1, as the route)")
 	flag.Parse()
-	if err := run(*bin, *bulk, *dur, *conc, *lat); err != nil {
+	if err := run(*bin, *bulk, *dur, *conc, *lat, *h2); err != nil {
 		log.Fatal("bench: ", err)
 	}
 }
 
-func run(bin string, bulk int64, dur time.Duration, conc, latN int) error {
+func run(bin string, bulk int64, dur time.Duration, conc, latN int, h2 bool) error {
 	env, err := benchkit.Setup(bin)
 	if err != nil {
 		return err
@@ -153,7 +157,8 @@ func run(bin string, bulk int64, dur time.Duration, conc, latN int) error {
 	fmt.Printf("latency p50                direct %8.1f µs    route %8.1f µs    added %6.1f µs  (target < 50; floor adds %.1f µs)\n", us(pct(dl, 50)), us(pct(rl, 50)), us(pct(rl, 50)-pct(dl, 50)), us(pct(fl, 50)-pct(dl, 50)))
 	fmt.Printf("latency p99                direct %8.1f µs    route %8.1f µs    added %6.1f µs  (floor adds %.1f µs)\n", us(pct(dl, 99)), us(pct(rl, 99)), us(pct(rl, 99)-pct(dl, 99)), us(pct(fl, 99)-pct(dl, 99)))
 	fmt.Println("  floor: a process that only forwards the bytes of each request and answer over a kept-alive TLS connection (bench/proxy/floor.go)")
-	return nil
+	p.Stop() // the interception bench has a proxy of its own
+	return interceptBench(env, rules, conc, dur, latN, h2)
 }
 
 // tunnelRounds and rateRounds are how many alternating rounds the tunnel

@@ -74,7 +74,7 @@ func newRig(bin string) (_ *rig, err error) {
 		DNSServers: []string{r.env.DNS.Addr}, DialTimeout: 5 * time.Second,
 		AllowPrivate:  []netip.Prefix{netip.PrefixFrom(r.env.Upstream, 32)},
 		UpstreamRoots: r.env.CA.Pool, AuditKeep: 256, Store: st,
-		Launcher: appliance.LauncherConfig{CLI: r.env.Bin, StateDir: r.state, AgentBinary: r.env.Bin},
+		Launcher: appliance.LauncherConfig{CLI: r.env.Bin, StateDir: r.state, AgentBinary: r.env.Bin, Capture: true, PrivateDir: r.env.Dir},
 		Manager:  appliance.ManagerConfig{Version: "bench", WorkDir: filepath.Join(r.env.Dir, "work"), IdleSuspend: -1},
 	}); err != nil {
 		return nil, err
