@@ -10,11 +10,14 @@ import (
 	"bufio"
 	"bytes"
 	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -93,6 +96,8 @@ type env struct {
 
 	mu   sync.Mutex
 	seen []echo // what the upstream received, in order
+
+	caPEM []byte // the upstream's CA
 }
 
 // startProxy starts `sandgate proxy` with the given --transform-module
@@ -109,6 +114,12 @@ func startProxy(t *testing.T, mods ...string) *env {
 // launch starts the upstream and the proxy and waits until the proxy says
 // it is listening, or exits (the error then carries its stderr).
 func launch(t *testing.T, mods ...string) (*env, error) {
+	t.Helper()
+	return launchWith(t, nil, mods...)
+}
+
+// launchWith is launch with more proxy flags (extra).
+func launchWith(t *testing.T, extra []string, mods ...string) (*env, error) {
 	t.Helper()
 	skipUnlessE2E(t)
 	bin := gobuild.Sandgate(t)
@@ -146,6 +157,8 @@ func launch(t *testing.T, mods ...string) (*env, error) {
 	for _, m := range mods {
 		args = append(args, "--transform-module", m)
 	}
+	args = append(args, extra...)
+	e.caPEM = ca.PEM
 	e.cmd = exec.Command(bin, args...)
 	stderr, err := e.cmd.StderrPipe()
 	if err != nil {
@@ -371,6 +384,52 @@ func TestDenyPath(t *testing.T) {
 	if ev.fields["status"] != 403.0 || ev.fields["decision"] != "deny" || ev.fields["module"] != "deny-path" ||
 		!strings.Contains(fmt.Sprint(ev.fields["reason"]), "path /admin/users matches the deny pattern ^/admin(/|$)") {
 		t.Errorf("the audit event does not record a denial by module deny-path with its reason and 403: %s", ev.raw)
+	}
+}
+
+// TestDenyPathOverConnect: over CONNECT a module sees nothing of a host
+// the policy does not intercept (the tunnel carries TLS the proxy cannot
+// read), and every request of one it intercepts.
+func TestDenyPathOverConnect(t *testing.T) {
+	caDir := filepath.Join(t.TempDir(), "ca")
+	policy := filepath.Join(t.TempDir(), "policy.json")
+	for _, intercept := range []bool{false, true} {
+		p := `{"mode":"custom","allowedHosts":["` + upstreamHost + `"]}`
+		extra := []string(nil)
+		if intercept {
+			p = `{"mode":"custom","allowedHosts":["` + upstreamHost + `"],"intercept":["` + upstreamHost + `"]}`
+			extra = []string{"--intercept-ca", caDir}
+		}
+		if err := os.WriteFile(policy, []byte(p), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		e, err := launchWith(t, append(extra, "--policy", policy), example(t, "deny-path"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		pool := x509.NewCertPool()
+		pool.AppendCertsFromPEM(e.caPEM)
+		if intercept {
+			b, err := os.ReadFile(filepath.Join(caDir, "ca.pem"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			pool.AppendCertsFromPEM(b)
+		}
+		pu, _ := url.Parse("http://" + e.proxy)
+		cl := &http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(pu), TLSClientConfig: &tls.Config{RootCAs: pool}}, Timeout: 30 * time.Second}
+		resp, err := cl.Get("https://" + upstreamHost + "/admin/users")
+		if err != nil {
+			t.Fatalf("intercept=%v: %v\n%s", intercept, err, e.logs.String())
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		switch {
+		case intercept && (resp.StatusCode != 403 || !strings.Contains(string(b), "matches the deny pattern")):
+			t.Errorf("intercepted: /admin/users got %d %q, want the module's 403", resp.StatusCode, b)
+		case !intercept && resp.StatusCode != 200:
+			t.Errorf("not intercepted: /admin/users got %d %q: the module cannot see inside a tunnel, the upstream answers", resp.StatusCode, b)
+		}
 	}
 }
 
