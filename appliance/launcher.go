@@ -77,8 +77,11 @@ type LauncherConfig struct {
 	// to one, on any port, is steered to the agent and served as CONNECT
 	// name:port (relay.Proxy.ServeCaptured). It needs a link that passes
 	// sockets (`sandgate sandbox`) and a host that can (root, Linux 5.9+);
-	// elsewhere, and without Capture, lookups in a sandbox fail at once
-	// (NXDOMAIN) and are audited.
+	// elsewhere lookups in a sandbox fail at once (NXDOMAIN) and are
+	// audited (on Google's CLI, Capture binds a resolv.conf naming the
+	// agent over the image's so that they reach it; without Capture
+	// nothing is bound there, and lookups fail as the image's resolv.conf
+	// makes them, unaudited).
 	Capture bool
 	// TrustCA is the certificate (PEM) of the service's interception CA,
 	// which every sandbox trusts: in its system bundle (the default image
@@ -177,7 +180,7 @@ func NewLauncher(cfg LauncherConfig) (*Launcher, error) {
 // bundle (the image's and the CA) and a resolv.conf naming the agent's
 // DNS responder, both bound over the image's.
 func (l *Launcher) sandboxFiles() error {
-	if len(l.cfg.TrustCA) == 0 && !l.google {
+	if len(l.cfg.TrustCA) == 0 && !(l.google && l.cfg.Capture) {
 		return nil
 	}
 	var dir string
@@ -217,7 +220,7 @@ func (l *Launcher) sandboxFiles() error {
 			}
 		}
 	}
-	if l.google {
+	if l.google && l.cfg.Capture {
 		if l.resolvFile, err = put("resolv.conf", []byte(sandboxResolvConf)); err != nil {
 			return err
 		}
