@@ -1,9 +1,12 @@
 // Package relay carries a sandbox's egress: an HTTP proxy that serves
 // CONNECT tunnels to port 443 and base-URL routes
-// (/https/<host>/<path>) forwarded over HTTPS. It asks netpolicy what is
-// allowed, transforms what to rewrite, and writes one audit event per tunnel
-// and per routed request. The sandbox a connection belongs to is the
-// listener or link it came on, never anything it says.
+// (/https/<host>/<path>) forwarded over HTTPS, connections captured in the
+// sandbox as if they were CONNECT (ServeCaptured), and, for the hosts a
+// policy intercepts, the requests inside a tunnel as routes (intercept.go).
+// It asks netpolicy what is allowed, transforms what to rewrite, and
+// writes one audit event per tunnel and per request. The sandbox a
+// connection belongs to is the listener or link it came on, never
+// anything it says.
 package relay
 
 import (

@@ -34,11 +34,11 @@ func TestTrustCAInTheDefaultImage(t *testing.T) {
 	ca := testCAPEM(t)
 	before, _ := os.ReadFile(TrustBundle)
 	runDetached(t, m, "trust", func(o *RunOptions) { o.TrustCA = ca })
-	code, out, errOut := sh(t, m, "trust", "cat "+TrustedCAFile+"; echo ==; tail -c "+itoaInt(len(ca))+" "+TrustBundle)
+	code, out, errOut := sh(t, m, "trust", "cat "+TrustedCAFile+"; echo @@SEP@@; tail -c "+itoaInt(len(ca))+" "+TrustBundle)
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errOut)
 	}
-	alone, inBundle, _ := strings.Cut(out, "==\n")
+	alone, inBundle, _ := strings.Cut(out, "@@SEP@@\n")
 	if alone != string(ca) || inBundle != string(ca) {
 		t.Errorf("the sandbox's CA file is %q and its bundle ends with %q; want the CA in both", alone, inBundle)
 	}

@@ -1,5 +1,7 @@
 // Package audit records egress decisions: one canonical event per CONNECT
-// tunnel (when it closes) and per routed request, written as a JSON log
+// tunnel and captured connection (when it closes), per routed or
+// intercepted request, and per lookup refused in a sandbox without
+// capture, written as a JSON log
 // line, kept in a bounded ring per sandbox, and counted in Prometheus
 // metrics. An event never carries a header value, a query string or a body.
 package audit
@@ -39,7 +41,8 @@ const (
 	Intercept Kind = "intercept"
 	// DNS is a name lookup made inside the sandbox that could not be
 	// served (no capture there): the process tried a direct connection,
-	// not one through the proxy.
+	// not one through the proxy. Host is the name, Method the query type
+	// (A, AAAA).
 	DNS Kind = "dns"
 )
 
