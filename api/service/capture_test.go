@@ -154,8 +154,8 @@ func TestInterceptInASandbox(t *testing.T) {
 		"mode": "custom", "allowedHosts": []string{"api.example.com"}, "intercept": []string{"api.example.com"}}})
 	ph := "aisdkhc_placeholder_0123456789"
 	r.must(204, "POST", "/v1/sandboxes/box/transformations", map[string]any{"transformations": []any{map[string]any{
-		"match":     map[string]any{"host": "api.example.com", "headers": []any{map[string]any{"key": map[string]string{"exact": "x-api-key"}, "value": map[string]string{"exact": ph}}}},
-		"transform": map[string]any{"headers": map[string]string{"x-api-key": r.canary}},
+		"match":     map[string]any{"host": "api.example.com", "headers": []any{map[string]any{"key": map[string]string{"exact": "authorization"}, "value": map[string]string{"exact": "Bearer " + ph}}}},
+		"transform": map[string]any{"headers": map[string]string{"authorization": "Bearer " + r.canary}},
 	}}})
 	mod, err := os.ReadFile(gobuild.Wasm(t, "github.com/sandgate/sandgate/wasm-examples/deny-path"))
 	if err != nil {
@@ -165,14 +165,14 @@ func TestInterceptInASandbox(t *testing.T) {
 		"name": "deny-path", "wasm": base64.StdEncoding.EncodeToString(mod), "config": "^/secret"}}})
 	r.netprobe("box")
 
-	want := "path=/v1/x auth= key=" + ph
+	want := "path=/v1/x auth=Bearer " + ph + " key="
 	for _, how := range []string{"", "--noproxy '*' "} { // CONNECT, then captured
 		seen := len(r.upstreamSeen())
-		res := r.exec("box", "curl -sS "+how+`-H "X-Api-Key: `+ph+`" https://api.example.com/v1/x`, nil)
+		res := r.exec("box", "curl -sS "+how+`-H "Authorization: Bearer `+ph+`" https://api.example.com/v1/x`, nil)
 		if res.exit != 0 || res.stdout != want {
 			t.Errorf("curl %s: %+v; want the echo with the credential scrubbed back to its placeholder", how, res)
 		}
-		if s := r.upstreamSeen(); len(s) != seen+1 || s[len(s)-1].Get("X-Api-Key") != r.canary {
+		if s := r.upstreamSeen(); len(s) != seen+1 || s[len(s)-1].Get("Authorization") != "Bearer "+r.canary {
 			t.Errorf("curl %s: the upstream did not get the credential", how)
 		}
 		res = r.exec("box", "curl -sS -o /dev/null -w '%{http_code}' "+how+"https://api.example.com/secret", nil)
@@ -189,7 +189,7 @@ func TestInterceptInASandbox(t *testing.T) {
 	if r.hasNode("box") {
 		// Node 20's fetch ignores the proxy variables: captured, and it
 		// trusts the CA through NODE_EXTRA_CA_CERTS, which every command has.
-		js := `fetch("https://api.example.com/v1/x", {headers: {"x-api-key": "` + ph + `"}}).then(r => r.text()).then(t => console.log(t), e => { console.log("err " + (e.cause && e.cause.code || e)); process.exit(1) })`
+		js := `fetch("https://api.example.com/v1/x", {headers: {"authorization": "Bearer ` + ph + `"}}).then(r => r.text()).then(t => console.log(t), e => { console.log("err " + (e.cause && e.cause.code || e)); process.exit(1) })`
 		if res := r.exec("box", noProxy+"node -e '"+js+"'", nil); res.exit != 0 || strings.TrimSpace(res.stdout) != want {
 			t.Errorf("node fetch of an intercepted host: %+v", res)
 		}

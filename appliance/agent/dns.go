@@ -127,6 +127,7 @@ func (d *dnsResponder) serveUDP() {
 			if errors.Is(err, net.ErrClosed) {
 				return
 			}
+			time.Sleep(10 * time.Millisecond) // an error that persists must not spin
 			continue
 		}
 		if reply := d.answer(buf[:n], true); reply != nil {
@@ -143,10 +144,7 @@ func (d *dnsResponder) serveTCP() {
 			if errors.Is(err, net.ErrClosed) {
 				return
 			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				time.Sleep(10 * time.Millisecond)
-			}
+			time.Sleep(10 * time.Millisecond) // too many files, say: must not spin
 			continue
 		}
 		select {
