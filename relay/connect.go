@@ -51,7 +51,11 @@ func (cc *clientConn) tunnel(ctx context.Context, ev *audit.Event, host string, 
 		if r, ok := cc.tenant.Policy().Intercepts(dec.Host); ok {
 			rule = r.String()
 			if cc.p.cfg.CA == nil {
-				err = &Error{Status: http.StatusForbidden, Code: CodeNoCA, Reason: fmt.Sprintf("%s is to be intercepted (rule %s) but this proxy has no interception CA; give it one (sandgate proxy --intercept-ca DIR)", dec.Host, rule)}
+				// Sandgate's own refusal: the tunnel would carry what the
+				// policy wants transformed.
+				e := &Error{Status: http.StatusForbidden, Code: CodeNoCA, Reason: fmt.Sprintf("%s is to be intercepted (rule %s) but this proxy has no interception CA; give it one (sandgate proxy --intercept-ca DIR)", dec.Host, rule)}
+				ev.Allow, ev.Code, ev.Reason = false, e.Code, e.Reason
+				err = e
 			}
 		}
 	}

@@ -223,6 +223,9 @@ func TestInterceptWithoutCAIsRefused(t *testing.T) {
 	if b := body(t, resp); resp.StatusCode != 403 || !strings.Contains(b, "no interception CA") {
 		t.Errorf("got %d %q", resp.StatusCode, b)
 	}
+	if ev := e.eventsOf(audit.Connect, 1)[0]; ev.Allow || ev.Code != CodeNoCA {
+		t.Errorf("event = %+v", ev)
+	}
 }
 
 func TestInterceptedWebSocketPassesTheRequestPass(t *testing.T) {
