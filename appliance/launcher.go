@@ -28,6 +28,7 @@ import (
 
 	"github.com/sandgate/sandgate/appliance/agent"
 	"github.com/sandgate/sandgate/appliance/sandboxcli"
+	"github.com/sandgate/sandgate/relay"
 )
 
 // GoogleCLI is where Cloud Run puts its sandbox command when sandboxes are
@@ -233,8 +234,8 @@ func (l *Launcher) sandboxFiles() error {
 // resolv.conf bound over Google's image's.
 const (
 	SandboxDNS         = "127.0.0.1:53"
-	SandboxTrustBundle = "/etc/ssl/certs/ca-certificates.crt"
-	SandboxTrustCA     = "/etc/ssl/certs/sandgate-ca.pem"
+	SandboxTrustBundle = "/etc/ssl/certs/ca-certificates.crt" // localbox.TrustBundle
+	SandboxTrustCA     = relay.SandboxCAFile                  // localbox.TrustedCAFile
 	sandboxResolvConf  = "nameserver 127.0.0.1\noptions attempts:1 timeout:1\n"
 )
 
