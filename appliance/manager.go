@@ -89,9 +89,15 @@ type ManagerConfig struct {
 	// Modules compiles sandboxes' own WebAssembly transform modules
 	// (SetModules); nil means the service runs none.
 	Modules *wasm.Runtime
-	// Audit keeps each sandbox's egress decisions (the proxy records them
-	// there); nil means none are kept.
-	Audit *audit.Rings
+	// Audit keeps each running sandbox's egress decisions (the proxy
+	// records them there, the manager opens and seals each sandbox's) and
+	// writes them to Store beside its record (AuditStore, which Audit's
+	// Writer must be); nil means none are kept.
+	Audit *audit.Journals
+	// AuditRetention is how long a sandbox's audit segments stay in the
+	// store, whatever becomes of the sandbox (a destroy removes them at
+	// once); 0 means DefaultAuditRetention, negative forever.
+	AuditRetention time.Duration
 	// Logger receives one event per operation; nil discards.
 	Logger *slog.Logger
 	// Metrics, when set, registers the lifecycle's metrics.
@@ -203,8 +209,14 @@ type Manager struct {
 	tlocks   map[string]*nameLock // per template name
 	imported map[string]bool      // templates `sandgate sandbox` holds
 
-	stop     context.CancelFunc // ends the idle loop
-	loopDone chan struct{}
+	stop      context.CancelFunc // ends the idle and audit loops
+	loopDone  chan struct{}
+	auditDone chan struct{} // nil without an audit
+
+	audits *AuditStore
+	// started is closed (and replaced) whenever a sandbox starts running:
+	// what an audit stream waiting for a suspended sandbox waits on.
+	started chan struct{}
 }
 
 // box is the manager's record of one id. sem serialises operations on it;
@@ -272,6 +284,9 @@ func NewManager(ctx context.Context, cfg ManagerConfig) (*Manager, error) {
 	if cfg.ProcessRetention <= 0 {
 		cfg.ProcessRetention = DefaultProcessRetention
 	}
+	if cfg.AuditRetention == 0 {
+		cfg.AuditRetention = DefaultAuditRetention
+	}
 	work := cfg.WorkDir
 	if work == "" {
 		work = os.TempDir()
@@ -286,6 +301,7 @@ func NewManager(ctx context.Context, cfg ManagerConfig) (*Manager, error) {
 		met:   newMetrics(cfg.Metrics),
 		boxes: map[string]*box{}, baseRefs: map[string]int{},
 		tlocks: map[string]*nameLock{}, imported: map[string]bool{},
+		audits: NewAuditStore(cfg.Store), started: make(chan struct{}),
 	}
 	if _, err := m.Recover(ctx); err != nil {
 		return nil, err
@@ -293,6 +309,10 @@ func NewManager(ctx context.Context, cfg ManagerConfig) (*Manager, error) {
 	loopCtx, stop := context.WithCancel(context.Background())
 	m.stop, m.loopDone = stop, make(chan struct{})
 	go m.idleLoop(loopCtx)
+	if cfg.Audit != nil {
+		m.auditDone = make(chan struct{})
+		go m.auditLoop(loopCtx)
+	}
 	return m, nil
 }
 
@@ -609,6 +629,7 @@ func (m *Manager) suspendLocked(ctx context.Context, b *box) (*record, error) {
 	if err := sb.Destroy(context.WithoutCancel(ctx)); err != nil {
 		m.log.Warn("sandbox saved, but removing it failed", "sandbox", b.id, "err", err)
 	}
+	m.sealAudit(ctx, sb)
 	b.state.Store(State(""))
 	m.setBase(b, nil) // the record holds it now
 	m.unjournal(b.id)
@@ -627,7 +648,8 @@ func (m *Manager) Destroy(ctx context.Context, id string) (err error) {
 		return err
 	}
 	defer release()
-	if sb := b.live.Load(); sb != nil {
+	sb := b.live.Load()
+	if sb != nil {
 		b.live.Store(nil)
 		if err := sb.Destroy(ctx); err != nil && !errors.Is(err, ErrNotFound) {
 			b.live.Store(sb)
@@ -644,15 +666,16 @@ func (m *Manager) Destroy(ctx context.Context, id string) (err error) {
 			return err
 		}
 	}
+	if err := m.removeAudit(ctx, id, sb); err != nil {
+		return err
+	}
 	rec, err := m.suspended(ctx, id)
 	switch {
 	case errors.Is(err, store.ErrNotFound):
-		m.forgetAudit(id)
 		return nil
 	case err != nil:
 		return err
 	}
-	m.forgetAudit(id)
 	if !rec.legacy {
 		if err := m.deleteRecord(ctx, snapshotRecordKey(id), rec); err != nil {
 			return err

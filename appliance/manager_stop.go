@@ -142,6 +142,9 @@ func (m *Manager) Close(ctx context.Context) SaveAllResult {
 	m.mu.Unlock()
 	m.stop()
 	<-m.loopDone
+	if m.auditDone != nil {
+		<-m.auditDone
+	}
 	res := m.SaveAll(ctx)
 	if len(res.Failed) > 0 {
 		m.log.Error(fmt.Sprintf("could not save %d sandboxes: %s", len(res.Failed), strings.Join(slices.Sorted(maps.Keys(res.Failed)), ", ")), "saved", res.Saved)

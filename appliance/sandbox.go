@@ -199,9 +199,10 @@ func (s *Sandbox) connectWhenReady(ctx context.Context, err error) (*agent.Clien
 
 // egress serves one connection a sandbox process made to its relay
 // listener, under this sandbox's identity: the identity is the link it
-// came on, never anything it says.
-func (s *Sandbox) egress(c net.Conn) {
-	s.proxy.ServeConn(s.ctx, c, s.relay)
+// came on, never anything it says. What the agent says of the process
+// that made it only names it in the audit.
+func (s *Sandbox) egress(c net.Conn, p agent.Peer) {
+	s.proxy.ServePeer(s.ctx, c, s.relay, relay.Peer{PID: p.PID, Args: p.Args})
 }
 
 func (s *Sandbox) set(c *agent.Client, k *link) {

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -21,7 +22,8 @@ import (
 // idles out. The audit event is written when the tunnel closes.
 func (cc *clientConn) connect(ctx context.Context, req *http.Request, t target) {
 	start := time.Now()
-	ev := audit.Event{Sandbox: cc.tenant.id, Kind: audit.Connect, Host: t.host, Port: t.port, Method: req.Method}
+	ev := cc.event(audit.Connect)
+	ev.Host, ev.Port, ev.Method = t.host, t.port, req.Method
 	dec, err := cc.p.cfg.Decider.Decide(ctx, netpolicy.DecideArgs{Policy: cc.tenant.Policy(), Host: t.host, Port: t.port})
 	fillDecision(&ev, dec)
 	if err == nil && !dec.Allow {
@@ -44,7 +46,7 @@ func (cc *clientConn) connect(ctx context.Context, req *http.Request, t target) 
 		return
 	}
 	defer up.Close()
-	ev.Addr = dec.Addr.String()
+	ev.Addr = netip.AddrPortFrom(dec.Addr, uint16(dec.Port)).String()
 	ev.Status = http.StatusOK
 	if cc.p.cfg.Metrics != nil {
 		cc.p.cfg.Metrics.TunnelOpened()

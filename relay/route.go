@@ -28,7 +28,8 @@ import (
 // carry another request.
 func (cc *clientConn) route(ctx context.Context, req *http.Request, t target) bool {
 	start := time.Now()
-	ev := audit.Event{Sandbox: cc.tenant.id, Kind: audit.Route, Host: t.host, Port: t.port, Method: req.Method, Path: pathOnly(t.rest)}
+	ev := cc.event(audit.Route)
+	ev.Host, ev.Port, ev.Method, ev.Path = t.host, t.port, req.Method, pathOnly(t.rest)
 	body := &countingBody{r: req.Body, conn: cc.c, idle: cc.p.cfg.IdleTimeout}
 	x, keep, err := cc.forward(ctx, req, t, &ev, body)
 	var refusal *Error // written once the event is recorded, as every refusal is

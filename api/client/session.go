@@ -1,7 +1,6 @@
 package client
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -10,7 +9,6 @@ import (
 	"io"
 	"iter"
 	"net/http"
-	"net/url"
 	"slices"
 	"strconv"
 	"sync"
@@ -476,48 +474,16 @@ func (s *Session) SetModules(ctx context.Context, mods []Module) error {
 	return s.notRunning(err)
 }
 
-// Audit returns the sandbox's recent egress decisions, oldest first.
-func (s *Session) Audit(ctx context.Context) ([]AuditEvent, error) {
-	var out struct {
-		Events []AuditEvent `json:"events"`
-	}
-	if _, err := s.r.sb.c.doJSON(ctx, call{route: routeAudit, args: []string{s.ID()}, idempotent: true}, &out); err != nil {
-		return nil, s.notRunning(err)
-	}
-	return out.Events, nil
+// Audit returns a page of the sandbox's egress events that q selects;
+// see Client.Audit.
+func (s *Session) Audit(ctx context.Context, q AuditQuery) (AuditPage, error) {
+	return s.r.sb.c.Audit(ctx, s.ID(), q)
 }
 
-// FollowAudit yields the sandbox's recent egress decisions, then each new
-// one as it happens, until ctx ends (then it stops without an error), the
-// sandbox stops running, or the stream fails (yielded as the last error).
-func (s *Session) FollowAudit(ctx context.Context) iter.Seq2[AuditEvent, error] {
-	return func(yield func(AuditEvent, error) bool) {
-		resp, err := s.r.sb.c.do(ctx, call{route: routeAudit, args: []string{s.ID()}, query: url.Values{"follow": {"1"}}})
-		if err != nil {
-			yield(AuditEvent{}, s.notRunning(err))
-			return
-		}
-		defer resp.Body.Close()
-		sc := bufio.NewScanner(resp.Body)
-		sc.Buffer(make([]byte, 64<<10), 4<<20)
-		for sc.Scan() {
-			line := bytes.TrimSpace(sc.Bytes())
-			if len(line) == 0 {
-				continue // keepalive
-			}
-			var e AuditEvent
-			if err := json.Unmarshal(line, &e); err != nil {
-				yield(AuditEvent{}, fmt.Errorf("audit of %s: an event that is not JSON: %w", s.ID(), err))
-				return
-			}
-			if !yield(e, nil) {
-				return
-			}
-		}
-		if err := sc.Err(); err != nil && ctx.Err() == nil {
-			yield(AuditEvent{}, fmt.Errorf("audit of %s: %w", s.ID(), err))
-		}
-	}
+// FollowAudit yields the sandbox's egress events that q selects, then each
+// new one as it happens; see Client.FollowAudit.
+func (s *Session) FollowAudit(ctx context.Context, q AuditQuery) iter.Seq2[AuditEvent, error] {
+	return s.r.sb.c.FollowAudit(ctx, s.ID(), q)
 }
 
 // KillAllProcesses stops every process started in the sandbox since it

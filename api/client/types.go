@@ -157,36 +157,6 @@ type Module struct {
 	Config string `json:"config,omitempty"`
 }
 
-// AuditEvent is one egress decision of a sandbox: a CONNECT tunnel or a
-// routed request, allowed or refused, and why. It mirrors the service's
-// relay/audit.Event field for field (a test keeps them equal), so that the
-// client does not bring in the service's audit package and its metrics.
-type AuditEvent struct {
-	Time       time.Time     `json:"time"`
-	Sandbox    string        `json:"sandbox"`
-	Kind       string        `json:"kind"` // connect, route, refused
-	Host       string        `json:"host,omitempty"`
-	Port       int           `json:"port,omitempty"`
-	Method     string        `json:"method,omitempty"`
-	Path       string        `json:"path,omitempty"`
-	Allow      bool          `json:"allow"`
-	Code       string        `json:"code"`
-	Reason     string        `json:"reason"`
-	Rule       string        `json:"rule,omitempty"`
-	Addr       string        `json:"addr,omitempty"`
-	Status     int           `json:"status,omitempty"`
-	BytesIn    int64         `json:"bytes_in"`
-	BytesOut   int64         `json:"bytes_out"`
-	Duration   time.Duration `json:"duration_ns"`
-	DNSTime    time.Duration `json:"dns_ns,omitempty"`
-	Transforms []string      `json:"transforms,omitempty"`
-	Module     string        `json:"module,omitempty"`
-	Notes      []string      `json:"notes,omitempty"`
-	// NotesDropped counts the modules' notes over the service's caps.
-	NotesDropped int    `json:"notes_dropped,omitempty"`
-	Error        string `json:"error,omitempty"`
-}
-
 // SandboxInfo describes a sandbox, running or suspended.
 type SandboxInfo struct {
 	Name             string

@@ -60,8 +60,8 @@ type egressBackend interface {
 	SetNetwork(ctx context.Context, id string, spec appliance.NetworkSpec) error
 	SetRules(ctx context.Context, id string, rules []transforms.Rule, add bool) error
 	SetModules(ctx context.Context, id string, srcs []appliance.ModuleSource) error
-	AuditEvents(ctx context.Context, id string) ([]audit.Event, error)
-	FollowAudit(id string) (kept []audit.Event, f *audit.Follower, done <-chan struct{}, stop func(), err error)
+	AuditEvents(ctx context.Context, id string, q audit.Query) (audit.Page, error)
+	FollowAudit(ctx context.Context, id string, q audit.Query, send func(line []byte) error) error
 }
 
 // templateBackend: templates of this service's namespace.

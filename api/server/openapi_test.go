@@ -349,7 +349,7 @@ func TestOpenAPISchemasMatchWire(t *testing.T) {
 		schemaCheck(t, doc, "Sandbox", s.sandboxInfo(appliance.Info{ID: "b", State: st, Created: now}))
 	}
 
-	ev := audit.Event{Time: now, Sandbox: "box", Kind: audit.Route, Host: "api.example.com", Port: 443, Method: "POST", Path: "/v1/messages",
+	ev := audit.Event{Time: now, Sandbox: "box", Kind: audit.Route, Host: "api.example.com", Port: 443, PID: 42, Cmd: "npm install", Method: "POST", Path: "/v1/messages",
 		Allow: true, Code: "allowed_host", Reason: "api.example.com matched allowed host rule api.example.com", Rule: "api.example.com",
 		Addr: "203.0.113.7:443", Status: 200, BytesIn: 10, BytesOut: 20, Duration: time.Millisecond, DNSTime: time.Microsecond,
 		Transforms: []string{"0"}, Module: "deny-path", Notes: []string{"deny-path: ok"}, NotesDropped: 1, Error: "upstream reset"}
@@ -358,7 +358,7 @@ func TestOpenAPISchemasMatchWire(t *testing.T) {
 	for _, k := range []audit.Kind{audit.Connect, audit.Route, audit.Refused} {
 		schemaCheck(t, doc, "AuditEvent", audit.Event{Time: now, Sandbox: "box", Kind: k, Code: "no_rule", Reason: "no rule"})
 	}
-	schemaCheck(t, doc, "AuditEvents", map[string]any{"events": []audit.Event{ev}})
+	schemaCheck(t, doc, "AuditEvents", map[string]any{"events": []audit.Event{ev}, "cursor": "20250601T120000.000000000Z-0a1b2c3d/0", "more": true})
 }
 
 // TestOpenAPIServedReplies checks the replies the service writes before

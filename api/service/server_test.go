@@ -512,7 +512,7 @@ func TestAuditRoute(t *testing.T) {
 	defer resp.Body.Close()
 	r.exec("box", "curl -sS https://denied.example.com/ -x $HTTPS_PROXY >/dev/null 2>&1 || true", nil)
 	line, err := bufio.NewReader(resp.Body).ReadString('\n')
-	if err != nil || !strings.Contains(line, `"host":"denied.example.com"`) || !strings.Contains(line, `"allow":false`) {
+	if err != nil || !strings.Contains(line, `"host":"denied.example.com"`) || !strings.Contains(line, `"decision":"deny"`) {
 		t.Errorf("followed event: %q %v", line, err)
 	}
 	out := r.must(200, "GET", "/v1/sandboxes/box/audit", nil)

@@ -46,11 +46,13 @@ type Config struct {
 	AllowPrivate []netip.Prefix
 	// UpstreamRoots verify upstreams' certificates; nil means the system's.
 	UpstreamRoots *x509.CertPool
-	// AuditLog receives every egress decision as a JSON line; nil none.
+	// AuditLog receives every egress decision as a JSON line (the same
+	// bytes the store and the API have); nil none.
 	AuditLog io.Writer
-	// AuditKeep is how many events are kept per sandbox for the API; 0
-	// means 1000.
-	AuditKeep int
+	// AuditFlush is how often a running sandbox's new events are written
+	// to the store (what a kill -9 of the service can lose); 0 means
+	// audit.JournalsConfig's default, 10 s.
+	AuditFlush time.Duration
 	// Modules compiles sandboxes' own WebAssembly modules and runs
 	// ServiceModules, every sandbox's routes' service-wide modules (run
 	// before its own); nil means none. The caller owns both: it closes them
@@ -83,7 +85,7 @@ type Service struct {
 	Resolver *netpolicy.DNSResolver
 	Decider  *netpolicy.Decider
 	Proxy    *relay.Proxy
-	Audit    *audit.Rings
+	Audit    *audit.Journals
 	Launcher *appliance.Launcher
 	Manager  *appliance.Manager
 	Server   *server.Server
@@ -132,18 +134,16 @@ func New(ctx context.Context, cfg Config) (_ *Service, err error) {
 	for _, p := range cfg.AllowPrivate {
 		s.log.Warn("address-class refusal disabled for a range: sandboxes may reach it", "cidr", p.String())
 	}
-	keep := cfg.AuditKeep
-	if keep <= 0 {
-		keep = 1000
-	}
-	s.Audit = audit.NewRings(keep)
 	metrics := audit.NewMetrics(s.Metrics)
-	sinks := audit.Multi{metrics, s.Audit}
+	jc := audit.JournalsConfig{Writer: appliance.NewAuditStore(cfg.Store), FlushEvery: cfg.AuditFlush, Logger: s.log, Metrics: metrics}
 	if cfg.AuditLog != nil {
-		sinks = append(audit.Multi{audit.NewJSONLines(cfg.AuditLog)}, sinks...)
+		jc.Log = audit.NewJSONLines(cfg.AuditLog)
+	}
+	if s.Audit, err = audit.NewJournals(jc); err != nil {
+		return nil, err
 	}
 	if s.Proxy, err = relay.New(relay.Config{
-		Decider: s.Decider, Audit: sinks, Metrics: metrics, Logger: s.log,
+		Decider: s.Decider, Audit: audit.Multi{s.Audit, metrics}, Metrics: metrics, Logger: s.log,
 		UpstreamRoots: cfg.UpstreamRoots, Modules: cfg.ServiceModules,
 	}); err != nil {
 		return nil, err
@@ -197,14 +197,18 @@ type ShutdownResult struct {
 	// RequestsCut and EgressCut say that HTTP requests (streams, tunnels)
 	// or egress connections still open when ctx ended were cut.
 	RequestsCut, EgressCut bool
+	// AuditLost says why audit events held in memory could not all be
+	// written to the store (they are in the audit log); nil when they were.
+	AuditLost error
 }
 
 // Shutdown stops the service within ctx, in this order: no new
 // connections; every running sandbox saved, in parallel (SaveAll: a
-// sandbox that could not be saved keeps its previous snapshot); the HTTP
-// requests drained (their streams end with their sandboxes); the egress
-// connections drained; the store and the resolver closed. What is still
-// open when ctx ends is cut.
+// sandbox that could not be saved keeps its previous snapshot), its audit
+// with it; the HTTP requests drained (their streams end with their
+// sandboxes); the egress connections drained; what is left of the audit
+// written; the store and the resolver closed. What is still open when ctx
+// ends is cut.
 func (s *Service) Shutdown(ctx context.Context) ShutdownResult {
 	s.mu.Lock()
 	s.shutdown = true
@@ -224,6 +228,9 @@ func (s *Service) Shutdown(ctx context.Context) ShutdownResult {
 	if err := s.Proxy.Shutdown(ctx); err != nil {
 		res.EgressCut = true
 	}
+	if err := s.Audit.Close(ctx); err != nil {
+		res.AuditLost = err
+	}
 	s.close()
 	return res
 }
@@ -232,6 +239,11 @@ func (s *Service) Shutdown(ctx context.Context) ShutdownResult {
 func (s *Service) close() {
 	if s.Proxy != nil {
 		s.Proxy.Close()
+	}
+	if s.Audit != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		s.Audit.Close(ctx) // a second Close writes what came since, if anything
+		cancel()
 	}
 	if s.store != nil {
 		s.store.Close()

@@ -22,11 +22,12 @@ type ClientOptions struct {
 	// Config is sent to the agent in the hello exchange.
 	Config Config
 	// Egress is called, each in its own goroutine, with every connection
-	// a sandbox process makes to the relay listener: hand it to
-	// relay.Proxy.ServeConn under this sandbox's identity. The handler owns
+	// a sandbox process makes to the relay listener and the process the
+	// agent says made it (zero when it could not tell): hand it to
+	// relay.Proxy.ServePeer under this sandbox's identity. The handler owns
 	// the conn and must close it. Nil refuses egress (each connection is
 	// closed at once).
-	Egress func(net.Conn)
+	Egress func(net.Conn, Peer)
 	// Logger receives operational messages. Nil discards.
 	Logger *slog.Logger
 
@@ -218,7 +219,7 @@ func (c *Client) incoming(st *yamux.Stream, release func()) {
 		// As on the stream path, the link going down cuts the connection.
 		stop := context.AfterFunc(c.linkCtx, func() { conn.Close() })
 		defer stop()
-		c.opts.Egress(conn)
+		c.opts.Egress(conn, req.peer())
 		return
 	}
 	release()
@@ -227,7 +228,7 @@ func (c *Client) incoming(st *yamux.Stream, release func()) {
 		st.Close()
 		return
 	}
-	c.opts.Egress(&streamConn{Stream: st, local: Addr{c.info.RelayAddr}, remote: Addr{req.From}})
+	c.opts.Egress(&streamConn{Stream: st, local: Addr{c.info.RelayAddr}, remote: Addr{req.From}}, req.peer())
 }
 
 // claimEgress takes the socket the agent passed as number seq and checks

@@ -83,6 +83,27 @@ type request struct {
 	// the link (from 1); zero means the connection's bytes follow on the
 	// stream.
 	FD uint64 `json:"fd,omitempty"`
+	// Peer is the process that opened the connection, when the agent
+	// could tell.
+	Peer *Peer `json:"peer,omitempty"`
+}
+
+// peer is what the request says of the process behind an egress
+// connection: untrusted (the agent can be taken over), so only within the
+// agent's own bounds.
+func (r request) peer() Peer {
+	if r.Peer == nil || r.Peer.PID <= 0 {
+		return Peer{}
+	}
+	p := Peer{PID: r.Peer.PID}
+	n := 0
+	for _, a := range r.Peer.Args[:min(len(r.Peer.Args), maxPeerArgs)] {
+		if n += len(a); n > maxPeerBytes {
+			break
+		}
+		p.Args = append(p.Args, a)
+	}
+	return p
 }
 
 // response answers a request, and also carries the messages that end a

@@ -318,10 +318,11 @@ func (s *server) acceptEgress(ln net.Listener) {
 }
 
 func (s *server) egress(c *net.TCPConn) {
+	peer := findPeer(c)
 	if s.fdPass.Load() {
 		fd, err := dupConn(c)
 		if err == nil {
-			s.passFD(fd, c.RemoteAddr().String())
+			s.passFD(fd, c.RemoteAddr().String(), peer)
 			c.Close() // the service holds the socket now
 			return
 		}
@@ -333,7 +334,7 @@ func (s *server) egress(c *net.TCPConn) {
 		return
 	}
 	sc := &streamConn{Stream: st}
-	if err := newFramer(st).msg(request{Op: "egress", From: c.RemoteAddr().String()}); err != nil {
+	if err := newFramer(st).msg(request{Op: "egress", From: c.RemoteAddr().String(), Peer: peer}); err != nil {
 		sc.Close()
 		c.Close()
 		return
@@ -346,7 +347,7 @@ func (s *server) egress(c *net.TCPConn) {
 // passFD hands the socket fd (which it consumes) to the service: fd rides
 // on the link's next write, then an egress stream names it by number.
 // The stream carries nothing else and is closed at once.
-func (s *server) passFD(fd int, from string) {
+func (s *server) passFD(fd int, from string, peer *Peer) {
 	seq, ok := s.sender().attach(fd)
 	if !ok {
 		return
@@ -355,7 +356,7 @@ func (s *server) passFD(fd int, from string) {
 	if err != nil {
 		return // the link is down: closing it closes fd
 	}
-	newFramer(st).msg(request{Op: "egress", From: from, FD: seq})
+	newFramer(st).msg(request{Op: "egress", From: from, FD: seq, Peer: peer})
 	st.Close()
 }
 

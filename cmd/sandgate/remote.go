@@ -13,6 +13,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/urfave/cli/v2"
 	"golang.org/x/term"
@@ -159,10 +161,24 @@ here; LOCAL 0 picks a free one. Runs until interrupted.`,
 		}),
 		remoteCommand(&cli.Command{
 			Name:      "audit",
-			Usage:     "print a sandbox's egress decisions as JSON lines",
+			Usage:     "print a sandbox's egress decisions, running or suspended: what it reached, what it was refused, and which command",
 			ArgsUsage: "NAME",
-			Flags:     []cli.Flag{&cli.BoolFlag{Name: "follow", Aliases: []string{"f"}, Usage: "then print new ones as they happen, until interrupted"}},
-			Action:    runAudit,
+			Description: `One line per CONNECT tunnel, routed request or refused request, oldest
+first: time, decision, kind, destination, status, the command in the
+sandbox that made it, and for a denial why. The service keeps them with
+the sandbox (they survive suspend, resume and restarts, and go when it is
+destroyed). --json prints each event as the service keeps it, the line of
+its audit log. TIME is an RFC 3339 time, a date (2025-06-01, local time),
+or a duration back from now (24h).`,
+			Flags: []cli.Flag{
+				&cli.StringFlag{Name: "since", Usage: "only events at or after `TIME`"},
+				&cli.StringFlag{Name: "until", Usage: "only events before `TIME`"},
+				&cli.StringFlag{Name: "decision", Usage: "only `allow` or only deny"},
+				&cli.StringFlag{Name: "host", Usage: "only events of `HOST` (*.example.com: its subdomains)"},
+				&cli.BoolFlag{Name: "json", Usage: "print the events as JSON lines, as the service keeps them"},
+				&cli.BoolFlag{Name: "follow", Aliases: []string{"f"}, Usage: "then print new ones as they happen, across suspends (waiting for a suspended sandbox to resume), until interrupted"},
+			},
+			Action: runAudit,
 		}),
 		{
 			Name:     "template",
@@ -523,41 +539,105 @@ func runAudit(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
+	q := client.AuditQuery{Decision: c.String("decision"), Host: c.String("host")}
+	now := time.Now()
+	if q.Since, err = parseWhen(c.String("since"), now); err != nil {
+		return badInput("--since: %v", err)
+	}
+	if q.Until, err = parseWhen(c.String("until"), now); err != nil {
+		return badInput("--until: %v", err)
+	}
+	if d := q.Decision; d != "" && d != "allow" && d != "deny" {
+		return badInput("--decision %q: want allow or deny", d)
+	}
 	cl, err := newRemote(c)
 	if err != nil {
 		return err
 	}
-	enc := json.NewEncoder(c.App.Writer)
-	if !c.Bool("follow") {
-		s, err := cl.Attach(c.Context, name)
-		if err != nil && !errors.Is(err, client.ErrSandboxNotRunning) {
+	show := func(e client.AuditEvent) error {
+		if c.Bool("json") {
+			_, err := c.App.Writer.Write(append(e.JSON(), '\n'))
 			return err
 		}
-		if s == nil { // suspended: its events are gone with its run
-			return nil
-		}
-		events, err := s.Audit(c.Context)
-		if err != nil {
-			return err
-		}
-		for _, e := range events {
-			enc.Encode(e)
-		}
-		return nil
-	}
-	s, err := cl.Attach(c.Context, name)
-	if err != nil {
+		_, err := io.WriteString(c.App.Writer, auditText(e))
 		return err
 	}
-	for e, err := range s.FollowAudit(c.Context) {
+	events := cl.AuditAll(c.Context, name, q)
+	if c.Bool("follow") {
+		if in, err := cl.Info(c.Context, name); err == nil && in.State == "suspended" {
+			fmt.Fprintf(c.App.ErrWriter, "sandgate: %s is suspended: its events so far, then waiting for it to resume (interrupt to stop)\n", name)
+		}
+		events = cl.FollowAudit(c.Context, name, q)
+	}
+	for e, err := range events {
 		if err != nil {
 			return err
 		}
-		if err := enc.Encode(e); err != nil {
+		if err := show(e); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// parseWhen reads a --since or --until TIME: an RFC 3339 time, a date or
+// a date and time without a zone (local time), or a duration back from
+// now; "" is no bound.
+func parseWhen(s string, now time.Time) (time.Time, error) {
+	if s == "" {
+		return time.Time{}, nil
+	}
+	if d, err := time.ParseDuration(s); err == nil && d >= 0 {
+		return now.Add(-d), nil
+	}
+	if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
+		return t, nil
+	}
+	for _, layout := range []string{"2006-01-02", "2006-01-02T15:04", "2006-01-02 15:04", "2006-01-02T15:04:05", "2006-01-02 15:04:05"} {
+		if t, err := time.ParseInLocation(layout, s, time.Local); err == nil {
+			return t, nil
+		}
+	}
+	return time.Time{}, fmt.Errorf("%q: want an RFC 3339 time (2025-06-01T09:00:00Z), a date (2025-06-01), or a duration back from now (24h)", s)
+}
+
+// auditText is an event as one line for a person: local time, decision,
+// kind, destination, status, the command that made it, and a denial's
+// reason. What the sandbox wrote (its command line, a path) is shown
+// without control characters.
+func auditText(e client.AuditEvent) string {
+	dest := e.Host
+	if e.Port != 0 && e.Port != 443 {
+		dest += ":" + strconv.Itoa(e.Port)
+	}
+	if e.Method != "" && e.Kind != "connect" {
+		dest = e.Method + " " + dest + e.Path
+	}
+	if dest == "" {
+		dest = "-"
+	}
+	status := "-"
+	if e.Status != 0 {
+		status = strconv.Itoa(e.Status)
+	}
+	line := fmt.Sprintf("%s  %-5s  %-7s  %s  %s  %s", e.Time.Local().Format("2006-01-02 15:04:05"), e.Decision, e.Kind, printable(dest), status, printable(e.Cmd))
+	if !e.Allow() {
+		line += "  (" + e.Code + ": " + printable(e.Reason) + ")"
+	} else if e.Error != "" {
+		line += "  (" + e.Code + ": " + printable(e.Error) + ")"
+	}
+	return line + "\n"
+}
+
+// printable replaces control characters, so a hostile string cannot move
+// a terminal's cursor or recolour it.
+func printable(s string) string {
+	return strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) || unicode.In(r, unicode.Bidi_Control) || r == utf8.RuneError {
+			return '?'
+		}
+		return r
+	}, s)
 }
 
 func runPreflight(c *cli.Context) error {

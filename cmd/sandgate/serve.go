@@ -73,6 +73,8 @@ Run (IAM in front) or with --allow-open.`,
 			&cli.StringFlag{Name: "output-buffer", Value: "8m", Usage: "output of each process kept for resumable streams, `SIZE`", EnvVars: []string{"SANDGATE_OUTPUT_BUFFER"}},
 			&cli.DurationFlag{Name: "shutdown-grace", Value: 9 * time.Second, Usage: "on SIGTERM/SIGINT, save every running sandbox within `DURATION` (Cloud Run gives 10s)", EnvVars: []string{"SANDGATE_SHUTDOWN_GRACE"}},
 			&cli.StringFlag{Name: "audit-log", Value: "-", Usage: "write egress audit events as JSON lines to `FILE` (- for standard output)", EnvVars: []string{"SANDGATE_AUDIT_LOG"}},
+			&cli.DurationFlag{Name: "audit-flush", Value: 10 * time.Second, Usage: "write a running sandbox's new audit events to the store every `DURATION` (what a crash can lose of them)", EnvVars: []string{"SANDGATE_AUDIT_FLUSH"}},
+			&cli.DurationFlag{Name: "audit-retention", Value: appliance.DefaultAuditRetention, Usage: "keep a sandbox's audit in the store for `DURATION` (a destroy removes it at once); 0 forever", EnvVars: []string{"SANDGATE_AUDIT_RETENTION"}},
 			&cli.StringSliceFlag{Name: "upstream-ca", Usage: "also trust the PEM certificates in `FILE` for upstreams (tests, private CAs); repeatable", EnvVars: []string{"SANDGATE_UPSTREAM_CA"}},
 			&cli.GenericFlag{Name: "transform-module", Value: &moduleSpecs{}, Usage: "apply the WebAssembly module in `FILE[?CONFIG]` to every sandbox's base-URL routes, before its own modules and the credential swap; repeatable"},
 		}, dnsFlags(), wasmRuntimeFlags()),
@@ -185,6 +187,12 @@ func checkServe(c *cli.Context) (*serveConfig, error) {
 	default:
 		return nil, badInput("SANDGATE_USERNS (--userns) %q: want auto, on or off", v)
 	}
+	if c.Duration("audit-flush") <= 0 {
+		return nil, badInput("SANDGATE_AUDIT_FLUSH (--audit-flush): want a positive duration such as 10s")
+	}
+	if c.Duration("audit-retention") < 0 {
+		return nil, badInput("SANDGATE_AUDIT_RETENTION (--audit-retention): want a duration such as 720h, or 0 to keep it forever")
+	}
 	if c.Duration("shutdown-grace") <= 0 {
 		return nil, badInput("SANDGATE_SHUTDOWN_GRACE: want a positive duration such as 9s")
 	}
@@ -276,9 +284,9 @@ func runServe(c *cli.Context) error {
 	}
 	svc, err := service.New(ctx, service.Config{
 		DNSServers: splitAll(c.StringSlice("dns")), AllowPrivate: sc.allowPrivate, UpstreamRoots: roots,
-		AuditLog: auditOut, Modules: rt, ServiceModules: modules, Store: st, Launcher: lc, Logger: logger,
+		AuditLog: auditOut, AuditFlush: c.Duration("audit-flush"), Modules: rt, ServiceModules: modules, Store: st, Launcher: lc, Logger: logger,
 		Manager: appliance.ManagerConfig{
-			ImageID: sc.imageID, Version: serveVersion(), WorkDir: filepath.Join(state, "work"),
+			ImageID: sc.imageID, Version: serveVersion(), WorkDir: filepath.Join(state, "work"), AuditRetention: auditRetention(c.Duration("audit-retention")),
 			MaxRunning: c.Int("max-sandboxes"), IdleSuspend: idle,
 			AllowedHosts: sc.allowedHosts, BaseURLs: sc.baseURLs, OutputBytes: int(sc.outputBytes),
 		},
@@ -319,8 +327,20 @@ func runServe(c *cli.Context) error {
 	if res.RequestsCut {
 		logger.Warn("requests still open at the end of the grace period were cut")
 	}
+	if res.AuditLost != nil {
+		logger.Warn("audit events could not all be written to the store (they are in the audit log)", "err", res.AuditLost)
+	}
 	logger.Info("stopped")
 	return nil
+}
+
+// auditRetention is the manager's AuditRetention for the flag's value: 0
+// (forever) is negative there.
+func auditRetention(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
 }
 
 // hiddenPaths are the host paths no sandbox may see: serve's state

@@ -1,7 +1,7 @@
 // Package stacktest starts, on loopback, what `sandgate serve` runs beneath
 // its HTTP server: a lifecycle manager over `sandgate sandbox` with a
-// directory store, the egress proxy with a loopback DNS server and
-// per-sandbox audit rings, and an HTTPS upstream for api.example.com (a
+// directory store, the egress proxy with a loopback DNS server and the
+// sandboxes' durable audit, and an HTTPS upstream for api.example.com (a
 // stand-in for a model API or a package registry) that echoes the
 // credential headers it received. internal/testkit/servetest puts the HTTP server
 // on top for clients' tests; api/server's own tests put theirs.
@@ -62,8 +62,9 @@ type Config struct {
 	// in subdirectories; "" makes a temporary one that Close removes. A
 	// Dir given is left in place.
 	Dir string
-	// Rings is the audit events kept per sandbox; 0 means 200.
-	Rings int
+	// AuditFlush is how often running sandboxes' audit events are written
+	// to the store; 0 means the service's default.
+	AuditFlush time.Duration
 	// BaseURLs are the base URLs every sandbox gets; nil means
 	// ANTHROPIC_BASE_URL at the upstream.
 	BaseURLs map[string]string
@@ -84,7 +85,7 @@ type Stack struct {
 	Manager  *appliance.Manager
 	Launcher *appliance.Launcher
 	Store    store.Store
-	Rings    *audit.Rings
+	Audit    *audit.Journals
 	// CA signed the upstream's certificate: a sandbox that speaks TLS to
 	// the upstream itself (through CONNECT) must trust it.
 	CA *tlstest.CA
@@ -187,14 +188,10 @@ func Start(cfg Config) (s *Stack, err error) {
 	if sc.Version == "" {
 		sc.Version = "test"
 	}
-	rings := cfg.Rings
-	if rings <= 0 {
-		rings = 200
-	}
 	s.Service, err = service.New(context.Background(), service.Config{
 		DNSServers: []string{dns.Addr}, DNSTimeout: 10 * time.Second, DialTimeout: 5 * time.Second,
 		AllowPrivate:  []netip.Prefix{netip.PrefixFrom(upAddr, 32)},
-		UpstreamRoots: s.CA.Pool, AuditLog: s.Log, AuditKeep: rings, Modules: cfg.Modules,
+		UpstreamRoots: s.CA.Pool, AuditLog: s.Log, AuditFlush: cfg.AuditFlush, Modules: cfg.Modules,
 		Store:    st,
 		Launcher: appliance.LauncherConfig{CLI: bin, AgentBinary: bin, StateDir: s.StateDir},
 		Manager:  mc, Server: sc, Logger: s.Logger,
@@ -202,7 +199,7 @@ func Start(cfg Config) (s *Stack, err error) {
 	if err != nil {
 		return nil, err
 	}
-	s.Manager, s.Launcher, s.Store, s.Rings = s.Service.Manager, s.Service.Launcher, st, s.Service.Audit
+	s.Manager, s.Launcher, s.Store, s.Audit = s.Service.Manager, s.Service.Launcher, st, s.Service.Audit
 	return s, nil
 }
 

@@ -1,0 +1,474 @@
+package audit
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// SegmentWriter stores the segments of sandboxes' events (see
+// appliance's store layout).
+type SegmentWriter interface {
+	// WriteSegment stores segment name of sandbox: data is its lines,
+	// compressed (EncodeSegment). A segment still being filled is written
+	// again, whole, each time it grew: the same name replaces the bytes
+	// stored before.
+	WriteSegment(ctx context.Context, sandbox, name string, data []byte) error
+}
+
+// JournalsConfig configures Journals. Zero values take the defaults.
+type JournalsConfig struct {
+	// Writer stores the segments. Required.
+	Writer SegmentWriter
+	// Log, when set, is the audit log: every event's line is written to
+	// it too, the same bytes, encoded once.
+	Log *JSONLines
+	// SegmentBytes seals a segment (its last write, and a new one begun)
+	// once its lines reach this many bytes; default 512 KiB.
+	SegmentBytes int
+	// MaxSegments is how many segments of one sandbox may be held in
+	// memory, the one being filled included; default 3. When the store
+	// falls that far behind, the oldest held is dropped, and its events
+	// counted (Metrics, and a warning in Logger).
+	MaxSegments int
+	// FlushEvery is how often a segment being filled is written to the
+	// store (a sealed one is written at once); default 10 s. It bounds
+	// what a crash of the service (kill -9) loses of a running sandbox's
+	// audit; a suspend, a destroy and Close write everything.
+	FlushEvery time.Duration
+	// Logger receives warnings (a store that fails); nil discards.
+	Logger *slog.Logger
+	// Metrics, when set, counts segment writes and dropped events.
+	Metrics *Metrics
+}
+
+func (c JournalsConfig) withDefaults() JournalsConfig {
+	if c.SegmentBytes <= 0 {
+		c.SegmentBytes = 512 << 10
+	}
+	if c.MaxSegments < 2 {
+		c.MaxSegments = 3
+	}
+	if c.FlushEvery <= 0 {
+		c.FlushEvery = 10 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c
+}
+
+// Journals keep each open sandbox's events as segments of JSON lines and
+// write them to a SegmentWriter: a segment being filled every FlushEvery,
+// a full one at once, everything when a sandbox's journal is sealed
+// (suspend) and at Close. It is a Sink; recording costs encoding the line
+// once and appending it under the sandbox's own lock (the store is written
+// from a goroutine of its own, never on the proxy's). Memory per sandbox
+// is bounded by MaxSegments × SegmentBytes (1.5 MiB by default) plus one
+// line per segment (an event's strings are cut at 2 KiB each), whatever its
+// traffic.
+//
+// Only the sandboxes Opened are kept: an event of another (a connection
+// that outlived its sandbox's suspend or destroy) goes to the log alone.
+type Journals struct {
+	cfg JournalsConfig
+
+	mu sync.RWMutex
+	by map[string]*journal
+
+	kick chan struct{} // a segment was sealed
+	stop context.CancelFunc
+	done chan struct{}
+}
+
+type journal struct {
+	id string
+	mu sync.Mutex // guards what follows, but wmu
+	// segs are held in memory, oldest first; the last one is being filled
+	// unless it is sealed.
+	segs      []*segment
+	lastStart time.Time // the last segment's name's time
+	dropped   int       // events dropped since the store last took a write
+	subs      map[*Follower]struct{}
+	closing   bool // sealed for a suspend: removed once written
+	gone      bool // removed from Journals
+
+	wmu sync.Mutex // held while writing to the store
+}
+
+type segment struct {
+	name    string
+	buf     []byte // lines; bytes before len(buf) never change
+	lines   int
+	sealed  bool
+	stored  int  // how much of buf the store holds
+	writing bool // a write of it is under way
+}
+
+// NewJournals starts Journals; Close stops them.
+func NewJournals(cfg JournalsConfig) (*Journals, error) {
+	if cfg.Writer == nil {
+		return nil, errors.New("audit: JournalsConfig.Writer is required")
+	}
+	js := &Journals{cfg: cfg.withDefaults(), by: map[string]*journal{}, kick: make(chan struct{}, 1), done: make(chan struct{})}
+	ctx, stop := context.WithCancel(context.Background())
+	js.stop = stop
+	go js.loop(ctx)
+	return js, nil
+}
+
+// Open keeps sandbox's events from now on (again, if it was sealed).
+func (js *Journals) Open(sandbox string) {
+	js.mu.Lock()
+	defer js.mu.Unlock()
+	if j := js.by[sandbox]; j != nil {
+		j.mu.Lock()
+		j.closing = false
+		j.mu.Unlock()
+		return
+	}
+	js.by[sandbox] = &journal{id: sandbox, subs: map[*Follower]struct{}{}}
+}
+
+func (js *Journals) get(sandbox string) *journal {
+	js.mu.RLock()
+	defer js.mu.RUnlock()
+	return js.by[sandbox]
+}
+
+// Record implements Sink.
+func (js *Journals) Record(e Event) {
+	if e.Time.IsZero() {
+		e.Time = time.Now()
+	}
+	log := js.cfg.Log
+	j := js.get(e.Sandbox)
+	if j == nil {
+		if log != nil {
+			log.Record(e)
+		}
+		return
+	}
+	j.mu.Lock()
+	if j.gone {
+		j.mu.Unlock()
+		if log != nil {
+			log.Record(e)
+		}
+		return
+	}
+	s := j.filling(e.Time)
+	start := len(s.buf)
+	s.buf = AppendJSON(s.buf, &e)
+	line := s.buf[start:]
+	pos := Pos{Segment: s.name, Index: s.lines}
+	s.lines++
+	var ticket uint64
+	if log != nil {
+		ticket = log.enqueue(line)
+	}
+	for f := range j.subs {
+		f.send(Line{Pos: pos, Data: append([]byte(nil), line[:len(line)-1]...)})
+	}
+	sealed := len(s.buf) >= js.cfg.SegmentBytes
+	if sealed {
+		s.sealed = true
+	}
+	js.trim(j)
+	j.mu.Unlock()
+	if sealed {
+		select {
+		case js.kick <- struct{}{}:
+		default:
+		}
+	}
+	if log != nil {
+		log.wait(ticket)
+	}
+}
+
+// filling returns the segment being filled, beginning one at t if none
+// is. A new segment's name sorts after every earlier one of the sandbox
+// even if the clock went back.
+func (j *journal) filling(t time.Time) *segment {
+	if n := len(j.segs); n > 0 && !j.segs[n-1].sealed {
+		return j.segs[n-1]
+	}
+	if !t.After(j.lastStart) {
+		t = j.lastStart.Add(time.Nanosecond)
+	}
+	j.lastStart = t
+	s := &segment{name: newSegmentName(t)}
+	j.segs = append(j.segs, s)
+	return s
+}
+
+// trim drops the oldest segments held past MaxSegments (not one being
+// written), counting their events as dropped.
+func (js *Journals) trim(j *journal) {
+	for len(j.segs) > js.cfg.MaxSegments {
+		i := 0
+		for i < len(j.segs)-1 && j.segs[i].writing {
+			i++
+		}
+		s := j.segs[i]
+		j.segs = append(j.segs[:i], j.segs[i+1:]...)
+		if s.stored < len(s.buf) {
+			if j.dropped == 0 {
+				js.cfg.Logger.Warn("the audit store falls behind: events of a sandbox are dropped until it takes a write", "sandbox", j.id, "segment", s.name)
+			}
+			j.dropped += s.lines
+			if js.cfg.Metrics != nil {
+				js.cfg.Metrics.auditDropped.Add(float64(s.lines))
+			}
+		}
+	}
+}
+
+// loop writes sealed segments as they come and growing ones every
+// FlushEvery, until Close.
+func (js *Journals) loop(ctx context.Context) {
+	defer close(js.done)
+	tick := time.NewTicker(js.cfg.FlushEvery)
+	defer tick.Stop()
+	for {
+		growing := false
+		select {
+		case <-ctx.Done():
+			return
+		case <-js.kick:
+		case <-tick.C:
+			growing = true
+		}
+		js.mu.RLock()
+		all := make([]*journal, 0, len(js.by))
+		for _, j := range js.by {
+			all = append(all, j)
+		}
+		js.mu.RUnlock()
+		for _, j := range all {
+			wctx, cancel := context.WithTimeout(ctx, time.Minute)
+			js.write(wctx, j, growing)
+			cancel()
+			js.removeIfDone(j)
+		}
+	}
+}
+
+// write stores j's segments that have bytes the store lacks: the sealed
+// ones, and with growing the one being filled; each at most once. It
+// returns the first failure.
+func (js *Journals) write(ctx context.Context, j *journal, growing bool) error {
+	j.wmu.Lock()
+	defer j.wmu.Unlock()
+	done := map[*segment]bool{}
+	for {
+		j.mu.Lock()
+		var s *segment
+		for _, c := range j.segs {
+			if !done[c] && c.stored < len(c.buf) && (c.sealed || growing || j.closing) {
+				s = c
+				break
+			}
+		}
+		if s == nil || j.gone {
+			j.mu.Unlock()
+			return nil
+		}
+		done[s] = true
+		s.writing = true
+		name, lines := s.name, s.buf[:len(s.buf):len(s.buf)]
+		j.mu.Unlock()
+
+		err := js.cfg.Writer.WriteSegment(ctx, j.id, name, EncodeSegment(lines))
+		if js.cfg.Metrics != nil {
+			js.cfg.Metrics.segmentWrite(err)
+		}
+		j.mu.Lock()
+		s.writing = false
+		if err != nil {
+			j.mu.Unlock()
+			js.cfg.Logger.Warn("writing a sandbox's audit segment to the store failed; it is tried again", "sandbox", j.id, "segment", name, "err", err)
+			return err
+		}
+		s.stored = max(s.stored, len(lines))
+		if j.dropped > 0 {
+			js.cfg.Logger.Warn("the audit store takes writes again", "sandbox", j.id, "dropped_events", j.dropped)
+			j.dropped = 0
+		}
+		if s.sealed && s.stored == len(s.buf) {
+			for i, c := range j.segs {
+				if c == s {
+					j.segs = append(j.segs[:i], j.segs[i+1:]...)
+					break
+				}
+			}
+		}
+		j.mu.Unlock()
+	}
+}
+
+// removeIfDone removes a journal sealed for a suspend once the store holds
+// all of it.
+func (js *Journals) removeIfDone(j *journal) {
+	j.mu.Lock()
+	done := j.closing && len(j.segs) == 0 && !j.gone
+	if done {
+		j.gone = true
+	}
+	j.mu.Unlock()
+	if done {
+		js.mu.Lock()
+		if js.by[j.id] == j {
+			delete(js.by, j.id)
+		}
+		js.mu.Unlock()
+	}
+}
+
+// Seal writes everything held of sandbox's events to the store and stops
+// keeping them (a suspend): memory is freed once the store holds it all.
+// When the store fails, what it could not take stays held and is tried
+// again every FlushEvery; the error says so. Events recorded afterwards go
+// to the log alone, until Open.
+func (js *Journals) Seal(ctx context.Context, sandbox string) error {
+	j := js.get(sandbox)
+	if j == nil {
+		return nil
+	}
+	j.mu.Lock()
+	j.closing = true
+	if n := len(j.segs); n > 0 {
+		j.segs[n-1].sealed = true
+	}
+	j.mu.Unlock()
+	err := js.write(ctx, j, true)
+	js.removeIfDone(j)
+	return err
+}
+
+// Forget drops what is held of sandbox's events without writing it (a
+// destroy), once a write of it under way has finished: nothing of it
+// reaches the store afterwards.
+func (js *Journals) Forget(sandbox string) {
+	js.mu.Lock()
+	j := js.by[sandbox]
+	delete(js.by, sandbox)
+	js.mu.Unlock()
+	if j == nil {
+		return
+	}
+	j.mu.Lock()
+	j.gone, j.segs = true, nil
+	j.mu.Unlock()
+	j.wmu.Lock() // a write under way ends
+	j.wmu.Unlock()
+}
+
+// Close stops the writing goroutine and writes everything held, within
+// ctx. It returns the first failure.
+func (js *Journals) Close(ctx context.Context) error {
+	js.stop()
+	<-js.done
+	js.mu.RLock()
+	all := make([]*journal, 0, len(js.by))
+	for _, j := range js.by {
+		all = append(all, j)
+	}
+	js.mu.RUnlock()
+	var first error
+	for _, j := range all {
+		if err := js.write(ctx, j, true); err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+// Held returns the segments held in memory of sandbox's events (none when
+// it is not open), for a listing: their lines as they are now.
+func (js *Journals) Held(sandbox string) []Segment {
+	j := js.get(sandbox)
+	if j == nil {
+		return nil
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	out := make([]Segment, 0, len(j.segs))
+	for _, s := range j.segs {
+		lines := s.buf[:len(s.buf):len(s.buf)]
+		out = append(out, Segment{Name: s.name, Lines: func(context.Context) ([]byte, error) { return lines, nil }})
+	}
+	return out
+}
+
+// HeldBytes is how many bytes of sandbox's event lines are held in memory.
+func (js *Journals) HeldBytes(sandbox string) int {
+	j := js.get(sandbox)
+	if j == nil {
+		return 0
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	n := 0
+	for _, s := range j.segs {
+		n += len(s.buf)
+	}
+	return n
+}
+
+// Line is one event's line and where it is.
+type Line struct {
+	Pos  Pos
+	Data []byte // without the newline
+}
+
+// Follower receives a sandbox's events as they are recorded
+// (Journals.Follow).
+type Follower struct {
+	// C delivers the events. It is buffered; when a reader falls that far
+	// behind, events are dropped and counted in Dropped rather than the
+	// proxy waiting for it (a reader can list what it missed from its last
+	// Pos on).
+	C       chan Line
+	dropped atomic.Int64
+}
+
+// followBuffer is how many events a Follower holds before dropping.
+const followBuffer = 1024
+
+func (f *Follower) send(l Line) {
+	select {
+	case f.C <- l:
+	default:
+		f.dropped.Add(1)
+	}
+}
+
+// Dropped counts the events C could not take.
+func (f *Follower) Dropped() int64 { return f.dropped.Load() }
+
+// Follow returns a Follower of open sandbox's events from now on and a
+// func that stops it; ok is false when sandbox is not open.
+func (js *Journals) Follow(sandbox string) (f *Follower, stop func(), ok bool) {
+	j := js.get(sandbox)
+	if j == nil {
+		return nil, nil, false
+	}
+	f = &Follower{C: make(chan Line, followBuffer)}
+	j.mu.Lock()
+	if j.gone {
+		j.mu.Unlock()
+		return nil, nil, false
+	}
+	j.subs[f] = struct{}{}
+	j.mu.Unlock()
+	return f, func() {
+		j.mu.Lock()
+		delete(j.subs, f)
+		j.mu.Unlock()
+	}, true
+}
