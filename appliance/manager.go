@@ -215,8 +215,10 @@ type Manager struct {
 
 	audits *AuditStore
 	// started is closed (and replaced) whenever a sandbox starts running:
-	// what an audit stream waiting for a suspended sandbox waits on.
+	// what an audit stream waiting for a suspended sandbox waits on;
+	// closing is closed by Close, which ends such waits.
 	started chan struct{}
+	closing chan struct{}
 }
 
 // box is the manager's record of one id. sem serialises operations on it;
@@ -301,7 +303,7 @@ func NewManager(ctx context.Context, cfg ManagerConfig) (*Manager, error) {
 		met:   newMetrics(cfg.Metrics),
 		boxes: map[string]*box{}, baseRefs: map[string]int{},
 		tlocks: map[string]*nameLock{}, imported: map[string]bool{},
-		audits: NewAuditStore(cfg.Store), started: make(chan struct{}),
+		audits: NewAuditStore(cfg.Store), started: make(chan struct{}), closing: make(chan struct{}),
 	}
 	if _, err := m.Recover(ctx); err != nil {
 		return nil, err

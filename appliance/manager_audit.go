@@ -60,15 +60,15 @@ func (m *Manager) sealAudit(ctx context.Context, sb *Sandbox) {
 // sandbox's egress (sb, when it was running) has ended first, so nothing
 // of it is written after.
 func (m *Manager) removeAudit(ctx context.Context, id string, sb *Sandbox) error {
-	if m.cfg.Audit == nil {
-		return nil
+	if m.cfg.Audit != nil {
+		if sb != nil {
+			dctx, cancel := context.WithTimeout(ctx, auditDrain)
+			sb.relay.Drain(dctx)
+			cancel()
+		}
+		m.cfg.Audit.Forget(id)
 	}
-	if sb != nil {
-		dctx, cancel := context.WithTimeout(ctx, auditDrain)
-		sb.relay.Drain(dctx)
-		cancel()
-	}
-	m.cfg.Audit.Forget(id)
+	// Also what a run of the service that kept an audit left.
 	return m.audits.remove(ctx, id)
 }
 
@@ -124,7 +124,7 @@ func (m *Manager) FollowAudit(ctx context.Context, id string, q audit.Query, sen
 	}
 	q.Limit = 0
 	for ctx.Err() == nil {
-		f, stop, running := m.followLive(id)
+		f, stop, running, live := m.followLive(id)
 		// Everything up to now, from where the stream is.
 		for {
 			p, err := m.auditPage(ctx, id, q)
@@ -154,7 +154,7 @@ func (m *Manager) FollowAudit(ctx context.Context, id string, q audit.Query, sen
 			return nil // nothing later can be selected
 		}
 		if f == nil {
-			if !m.waitRunning(ctx, id, send) {
+			if !m.waitRunning(ctx, id, send, live) {
 				return nil
 			}
 			continue
@@ -170,17 +170,18 @@ func (m *Manager) FollowAudit(ctx context.Context, id string, q audit.Query, sen
 }
 
 // followLive registers a follower of running sandbox id's events; nil
-// when it is not running. done ends when it stops.
-func (m *Manager) followLive(id string) (f *audit.Follower, stop func(), done <-chan struct{}) {
+// when it is not running (live false) or its events cannot be followed
+// (live true: its journal is being sealed). done ends when it stops.
+func (m *Manager) followLive(id string) (f *audit.Follower, stop func(), done <-chan struct{}, live bool) {
 	sb, err := m.Sandbox(id)
 	if err != nil {
-		return nil, nil, nil
+		return nil, nil, nil, false
 	}
 	f, stop, ok := m.cfg.Audit.Follow(id)
 	if !ok {
-		return nil, nil, nil
+		return nil, nil, nil, true
 	}
-	return f, stop, sb.Context().Done()
+	return f, stop, sb.Context().Done(), true
 }
 
 // followEvents sends f's events that come after q.After and that q
@@ -225,23 +226,28 @@ func (m *Manager) followEvents(ctx context.Context, f *audit.Follower, done <-ch
 }
 
 // waitRunning waits for suspended sandbox id to run again, keeping the
-// stream alive meanwhile. It reports false when it never will (destroyed)
-// or ctx ended.
-func (m *Manager) waitRunning(ctx context.Context, id string, send func([]byte) error) bool {
+// stream alive meanwhile. It reports false when it never will (destroyed),
+// the service is closing (its streams end as its sandboxes are saved), or
+// ctx ended. A sandbox running whose events could not be followed (seen)
+// is waited for until the next start or keep-alive.
+func (m *Manager) waitRunning(ctx context.Context, id string, send func([]byte) error, seen bool) bool {
 	keepalive := time.NewTicker(auditKeepalive)
 	defer keepalive.Stop()
 	for {
 		m.mu.Lock()
 		started := m.started
 		m.mu.Unlock()
-		if _, err := m.Sandbox(id); err == nil {
+		if _, err := m.Sandbox(id); err == nil && !seen {
 			return true
 		}
+		seen = false
 		if _, err := m.Get(ctx, id); errors.Is(err, ErrNotFound) {
 			return false
 		}
 		select {
 		case <-ctx.Done():
+			return false
+		case <-m.closing:
 			return false
 		case <-started:
 		case <-keepalive.C:

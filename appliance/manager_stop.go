@@ -138,6 +138,9 @@ func (m *Manager) SaveAll(ctx context.Context) SaveAllResult {
 // SaveAll does, within ctx. It returns what was saved and what was not.
 func (m *Manager) Close(ctx context.Context) SaveAllResult {
 	m.mu.Lock()
+	if !m.closed {
+		close(m.closing)
+	}
 	m.closed = true
 	m.mu.Unlock()
 	m.stop()

@@ -162,7 +162,7 @@ func TestRemoteVerbs(t *testing.T) {
 	}
 
 	// audit: the kept events, and followed ones.
-	if out := must(t, "audit", name); !strings.Contains(out, `"host":"api.example.com"`) {
+	if out := must(t, "audit", name, "--json"); !strings.Contains(out, `"host":"api.example.com"`) {
 		t.Errorf("audit: %q", out)
 	}
 	fctx, stop := context.WithCancel(ctx)
@@ -171,7 +171,7 @@ func TestRemoteVerbs(t *testing.T) {
 	go func() {
 		app := newApp(pw, io.Discard)
 		s := remoteService(t)
-		followed <- execute(fctx, app, []string{"sandgate", "audit", "-f", name, "--url", s.URL, "--token", s.Token})
+		followed <- execute(fctx, app, []string{"sandgate", "audit", "-f", "--json", name, "--url", s.URL, "--token", s.Token})
 		pw.Close()
 	}()
 	sc := bufio.NewScanner(pr)

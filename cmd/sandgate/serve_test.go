@@ -19,6 +19,7 @@ import (
 
 	"github.com/sandgate/sandgate/api"
 	"github.com/sandgate/sandgate/internal/testkit/gcstest"
+	"github.com/sandgate/sandgate/relay/audit"
 )
 
 // serveEnv is an environment for `sandgate serve` of a test's own: its
@@ -131,10 +132,20 @@ func TestServeSavesAllOnSIGTERM(t *testing.T) {
 		if code, out := call(t, "POST", base+"/v1/sandboxes", `{"name":"`+name+`"}`); code != 201 {
 			t.Fatalf("create %s: %d %s", name, code, out)
 		}
-		if code, out := call(t, "POST", base+"/v1/sandboxes/"+name+"/exec", `{"command":"echo saved-`+name+` > /workspace/f"}`+"\n"); code != 200 {
+		if code, out := call(t, "POST", base+"/v1/sandboxes/"+name+"/exec", `{"command":"echo saved-`+name+` > /workspace/f; curl -sS -x $HTTPS_PROXY https://refused-`+name+`.example.com/ 2>/dev/null; true"}`+"\n"); code != 200 {
 			t.Fatalf("exec: %d %s", code, out)
 		}
 	}
+	// A follow stream of one's audit, open across the SIGTERM: it ends as
+	// its sandbox is saved, it does not hold the shutdown up.
+	req, _ := http.NewRequest("GET", base+"/v1/sandboxes/one/audit?follow=1", nil)
+	req.Header.Set(api.HeaderProtocol, "1")
+	follow, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go io.Copy(io.Discard, follow.Body)
+	defer follow.Body.Close()
 	cmd.Process.Signal(syscall.SIGTERM)
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
@@ -149,6 +160,9 @@ func TestServeSavesAllOnSIGTERM(t *testing.T) {
 	if !strings.Contains(log.String(), "saved 2 sandboxes") {
 		t.Errorf("the log does not say what was saved:\n%s", log.String())
 	}
+	if strings.Contains(log.String(), "were cut") {
+		t.Errorf("the shutdown cut what it should have ended (an audit stream?):\n%s", log.String())
+	}
 	var log2 bytes.Buffer
 	base2, _ := startServe(t, env, &log2)
 	if code, out := call(t, "POST", base2+"/v1/sandboxes/two/resume", `{}`); code != 200 {
@@ -158,8 +172,76 @@ func TestServeSavesAllOnSIGTERM(t *testing.T) {
 	if code != 200 || !strings.Contains(out, "saved-two") {
 		t.Errorf("after restart: %d %q", code, out)
 	}
+	// Each sandbox's audit came through the restart: "one" is still
+	// suspended, "two" runs again.
+	for _, name := range []string{"one", "two"} {
+		if code, out := call(t, "GET", base2+"/v1/sandboxes/"+name+"/audit", ""); code != 200 || !strings.Contains(out, `"host":"refused-`+name+`.example.com"`) {
+			t.Errorf("the audit of %s after the restart: %d %s", name, code, out)
+		}
+	}
 	call(t, "DELETE", base2+"/v1/sandboxes/one", "")
 	call(t, "DELETE", base2+"/v1/sandboxes/two", "")
+}
+
+// A crash (kill -9) loses at most the audit events of the last
+// SANDGATE_AUDIT_FLUSH: those written before it are there after a
+// restart, the sandbox's own events of its run before the crash.
+func TestServeAuditSurvivesKill9(t *testing.T) {
+	t.Parallel() // a process of its own, waiting more than working
+	if os.Geteuid() != 0 {
+		t.Skip("sandboxes need root (namespaces, overlayfs, cgroups): run the tests as root")
+	}
+	env := serveEnv(t, "LOG_FORMAT=text", "SANDGATE_AUDIT_FLUSH=100ms")
+	var storeDir string
+	for _, e := range env {
+		if v, ok := strings.CutPrefix(e, "SNAPSHOT_DIRECTORY="); ok {
+			storeDir = v
+		}
+	}
+	var log bytes.Buffer
+	base, cmd := startServe(t, env, &log)
+	if code, out := call(t, "POST", base+"/v1/sandboxes", `{"name":"crash"}`); code != 201 {
+		t.Fatalf("create: %d %s", code, out)
+	}
+	if code, out := call(t, "POST", base+"/v1/sandboxes/crash/exec", `{"command":"curl -sS -x $HTTPS_PROXY https://before-the-crash.example.com/ 2>/dev/null; true"}`+"\n"); code != 200 {
+		t.Fatalf("exec: %d %s", code, out)
+	}
+	// The periodic write has the event in the store: then the crash.
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(20 * time.Millisecond) {
+		if storedAudit(t, filepath.Join(storeDir, "audit", "crash"), "before-the-crash.example.com") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no audit segment in the store a minute after the event (flush every 100ms):\n%s", log.String())
+		}
+	}
+	cmd.Process.Kill()
+	cmd.Wait()
+	var log2 bytes.Buffer
+	base2, _ := startServe(t, env, &log2)
+	code, out := call(t, "GET", base2+"/v1/sandboxes/crash/audit", "")
+	if code != 200 || !strings.Contains(out, `"host":"before-the-crash.example.com"`) {
+		t.Errorf("the audit after kill -9 and a restart: %d %s", code, out)
+	}
+	call(t, "DELETE", base2+"/v1/sandboxes/crash", "")
+}
+
+// storedAudit reports whether a segment in dir (a sandbox's audit in a
+// directory store) holds want.
+func storedAudit(t *testing.T, dir, want string) bool {
+	t.Helper()
+	segs, _ := filepath.Glob(filepath.Join(dir, "*.jsonl.zst"))
+	for _, p := range segs {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		lines, err := audit.DecodeSegment(b)
+		if err == nil && bytes.Contains(lines, []byte(want)) {
+			return true
+		}
+	}
+	return false
 }
 
 // The binary built exactly as the Dockerfile builds it starts serve with

@@ -67,9 +67,9 @@ func (c JournalsConfig) withDefaults() JournalsConfig {
 // (suspend) and at Close. It is a Sink; recording costs encoding the line
 // once and appending it under the sandbox's own lock (the store is written
 // from a goroutine of its own, never on the proxy's). Memory per sandbox
-// is bounded by MaxSegments × SegmentBytes (1.5 MiB by default) plus one
-// line per segment (an event's strings are cut at 2 KiB each), whatever its
-// traffic.
+// is bounded by MaxSegments × SegmentBytes plus one line per segment (an
+// event's strings are cut at 2 KiB each) and its chunks' slack (an eighth):
+// about 1.7 MiB by default, whatever its traffic.
 //
 // Only the sandboxes Opened are kept: an event of another (a connection
 // that outlived its sandbox's suspend or destroy) goes to the log alone.
@@ -100,12 +100,96 @@ type journal struct {
 }
 
 type segment struct {
-	name    string
-	buf     []byte // lines; bytes before len(buf) never change
+	name string
+	// chunks hold the lines, in order, a line never split: appending
+	// never copies what is there (a buffer grown by append would copy it
+	// over and over), and bytes before a chunk's length never change.
+	chunks  [][]byte
+	size    int // bytes in chunks
 	lines   int
 	sealed  bool
-	stored  int  // how much of buf the store holds
+	stored  int  // how many of its bytes the store holds
 	writing bool // a write of it is under way
+}
+
+// Chunks of a segment: a new one begins when the last has less room than
+// chunkRoom (a longer line makes its chunk grow).
+const (
+	chunkBytes = 32 << 10
+	chunkRoom  = 4 << 10
+)
+
+// add appends a line.
+func (s *segment) add(line []byte) {
+	if n := len(s.chunks); n == 0 || cap(s.chunks[n-1])-len(s.chunks[n-1]) < max(chunkRoom, len(line)) {
+		var c []byte
+		if len(line) <= chunkRoom {
+			c = (*chunkPool.Get().(*[]byte))[:0]
+		} else {
+			c = make([]byte, 0, max(chunkBytes, len(line)))
+		}
+		s.chunks = append(s.chunks, c)
+	}
+	c := &s.chunks[len(s.chunks)-1]
+	*c = append(*c, line...)
+	s.size += len(line)
+	s.lines++
+}
+
+// lineBufs are the buffers events are encoded into, outside any lock.
+var lineBufs = sync.Pool{New: func() any { b := make([]byte, 0, 1024); return &b }}
+
+// snapshot returns the lines as they are now, to be read outside the
+// lock while the segment is being written.
+func (s *segment) snapshot() [][]byte { return append([][]byte(nil), s.chunks...) }
+
+// release gives the chunks of a segment nothing reads any more (written
+// and dropped, or dropped unwritten) back for other segments.
+func (s *segment) release() {
+	for _, c := range s.chunks {
+		if cap(c) == chunkBytes {
+			c = c[:0]
+			chunkPool.Put(&c)
+		}
+	}
+	s.chunks = nil
+}
+
+var chunkPool = sync.Pool{New: func() any { b := make([]byte, 0, chunkBytes); return &b }}
+
+// encodeChunks compresses a segment's chunks, one zstd frame each (a
+// reader of the object decodes them as one stream), into a buffer of
+// encodedBufs.
+func encodeChunks(chunks [][]byte) *[]byte {
+	out := encodedBufs.Get().(*[]byte)
+	*out = (*out)[:0]
+	for _, c := range chunks {
+		*out = segEncoder().EncodeAll(c, *out)
+	}
+	return out
+}
+
+var encodedBufs = sync.Pool{New: func() any { return new([]byte) }}
+
+func chunksLen(chunks [][]byte) int {
+	n := 0
+	for _, c := range chunks {
+		n += len(c)
+	}
+	return n
+}
+
+// joinChunks joins a segment's chunks into one buffer.
+func joinChunks(chunks [][]byte) []byte {
+	n := 0
+	for _, c := range chunks {
+		n += len(c)
+	}
+	b := make([]byte, 0, n)
+	for _, c := range chunks {
+		b = append(b, c...)
+	}
+	return b
 }
 
 // NewJournals starts Journals; Close stops them.
@@ -144,36 +228,37 @@ func (js *Journals) Record(e Event) {
 	if e.Time.IsZero() {
 		e.Time = time.Now()
 	}
-	log := js.cfg.Log
-	j := js.get(e.Sandbox)
-	if j == nil {
-		if log != nil {
-			log.Record(e)
-		}
-		return
+	// Encoded before any lock is taken: under the sandbox's lock the
+	// line is only copied, so its connections do not queue for each
+	// other's encoding.
+	bp := lineBufs.Get().(*[]byte)
+	line := AppendJSON((*bp)[:0], &e)
+	if j := js.get(e.Sandbox); j != nil {
+		js.keep(j, e.Time, line)
 	}
+	if js.cfg.Log != nil {
+		js.cfg.Log.wait(js.cfg.Log.enqueue(line))
+	}
+	if cap(line) <= 64<<10 {
+		*bp = line[:0]
+		lineBufs.Put(bp)
+	}
+}
+
+// keep adds line, of an event at t, to j's segment being filled.
+func (js *Journals) keep(j *journal, t time.Time, line []byte) {
 	j.mu.Lock()
 	if j.gone {
 		j.mu.Unlock()
-		if log != nil {
-			log.Record(e)
-		}
 		return
 	}
-	s := j.filling(e.Time)
-	start := len(s.buf)
-	s.buf = AppendJSON(s.buf, &e)
-	line := s.buf[start:]
+	s := j.filling(t)
 	pos := Pos{Segment: s.name, Index: s.lines}
-	s.lines++
-	var ticket uint64
-	if log != nil {
-		ticket = log.enqueue(line)
-	}
+	s.add(line)
 	for f := range j.subs {
 		f.send(Line{Pos: pos, Data: append([]byte(nil), line[:len(line)-1]...)})
 	}
-	sealed := len(s.buf) >= js.cfg.SegmentBytes
+	sealed := s.size >= js.cfg.SegmentBytes
 	if sealed {
 		s.sealed = true
 	}
@@ -184,9 +269,6 @@ func (js *Journals) Record(e Event) {
 		case js.kick <- struct{}{}:
 		default:
 		}
-	}
-	if log != nil {
-		log.wait(ticket)
 	}
 }
 
@@ -216,7 +298,8 @@ func (js *Journals) trim(j *journal) {
 		}
 		s := j.segs[i]
 		j.segs = append(j.segs[:i], j.segs[i+1:]...)
-		if s.stored < len(s.buf) {
+		defer s.release()
+		if s.stored < s.size {
 			if j.dropped == 0 {
 				js.cfg.Logger.Warn("the audit store falls behind: events of a sandbox are dropped until it takes a write", "sandbox", j.id, "segment", s.name)
 			}
@@ -249,14 +332,26 @@ func (js *Journals) loop(ctx context.Context) {
 			all = append(all, j)
 		}
 		js.mu.RUnlock()
+		// A few sandboxes at once: a store's latency, not its bandwidth,
+		// bounds how many it can take in a FlushEvery.
+		sem := make(chan struct{}, writers)
+		var wg sync.WaitGroup
 		for _, j := range all {
-			wctx, cancel := context.WithTimeout(ctx, time.Minute)
-			js.write(wctx, j, growing)
-			cancel()
-			js.removeIfDone(j)
+			sem <- struct{}{}
+			wg.Go(func() {
+				defer func() { <-sem }()
+				wctx, cancel := context.WithTimeout(ctx, time.Minute)
+				js.write(wctx, j, growing)
+				cancel()
+				js.removeIfDone(j)
+			})
 		}
+		wg.Wait()
 	}
 }
+
+// writers is how many sandboxes' segments are written at once.
+const writers = 8
 
 // write stores j's segments that have bytes the store lacks: the sealed
 // ones, and with growing the one being filled; each at most once. It
@@ -269,7 +364,7 @@ func (js *Journals) write(ctx context.Context, j *journal, growing bool) error {
 		j.mu.Lock()
 		var s *segment
 		for _, c := range j.segs {
-			if !done[c] && c.stored < len(c.buf) && (c.sealed || growing || j.closing) {
+			if !done[c] && c.stored < c.size && (c.sealed || growing || j.closing) {
 				s = c
 				break
 			}
@@ -280,10 +375,12 @@ func (js *Journals) write(ctx context.Context, j *journal, growing bool) error {
 		}
 		done[s] = true
 		s.writing = true
-		name, lines := s.name, s.buf[:len(s.buf):len(s.buf)]
+		name, chunks := s.name, s.snapshot()
 		j.mu.Unlock()
 
-		err := js.cfg.Writer.WriteSegment(ctx, j.id, name, EncodeSegment(lines))
+		out := encodeChunks(chunks)
+		err := js.cfg.Writer.WriteSegment(ctx, j.id, name, *out)
+		encodedBufs.Put(out)
 		if js.cfg.Metrics != nil {
 			js.cfg.Metrics.segmentWrite(err)
 		}
@@ -294,15 +391,16 @@ func (js *Journals) write(ctx context.Context, j *journal, growing bool) error {
 			js.cfg.Logger.Warn("writing a sandbox's audit segment to the store failed; it is tried again", "sandbox", j.id, "segment", name, "err", err)
 			return err
 		}
-		s.stored = max(s.stored, len(lines))
+		s.stored = max(s.stored, chunksLen(chunks))
 		if j.dropped > 0 {
 			js.cfg.Logger.Warn("the audit store takes writes again", "sandbox", j.id, "dropped_events", j.dropped)
 			j.dropped = 0
 		}
-		if s.sealed && s.stored == len(s.buf) {
+		if s.sealed && s.stored == s.size {
 			for i, c := range j.segs {
 				if c == s {
 					j.segs = append(j.segs[:i], j.segs[i+1:]...)
+					s.release()
 					break
 				}
 			}
@@ -399,7 +497,7 @@ func (js *Journals) Held(sandbox string) []Segment {
 	defer j.mu.Unlock()
 	out := make([]Segment, 0, len(j.segs))
 	for _, s := range j.segs {
-		lines := s.buf[:len(s.buf):len(s.buf)]
+		lines := joinChunks(s.chunks) // a copy: the chunks are reused once written
 		out = append(out, Segment{Name: s.name, Lines: func(context.Context) ([]byte, error) { return lines, nil }})
 	}
 	return out
@@ -415,7 +513,7 @@ func (js *Journals) HeldBytes(sandbox string) int {
 	defer j.mu.Unlock()
 	n := 0
 	for _, s := range j.segs {
-		n += len(s.buf)
+		n += s.size
 	}
 	return n
 }

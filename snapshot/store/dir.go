@@ -13,6 +13,7 @@ import (
 	"path"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -119,7 +120,9 @@ func (d *Dir) Put(ctx context.Context, name string, r io.Reader, opts PutOptions
 	if opts.Digest == nil {
 		dst = io.MultiWriter(dst, h)
 	}
-	_, err = io.CopyBuffer(dst, ctxReader{ctx, r}, make([]byte, 1<<20))
+	buf := copyBufs.Get().(*[]byte)
+	_, err = io.CopyBuffer(dst, ctxReader{ctx, r}, *buf)
+	copyBufs.Put(buf)
 	if err != nil {
 		return Info{}, fmt.Errorf("put %s: %w", name, err)
 	}
@@ -160,6 +163,10 @@ func (d *Dir) Put(ctx context.Context, name string, r io.Reader, opts PutOptions
 	}
 	return d.Stat(ctx, name)
 }
+
+// copyBufs are Put's copy buffers: a put of a small object (an audit
+// segment, a record) does not allocate and clear a MiB.
+var copyBufs = sync.Pool{New: func() any { b := make([]byte, 1<<20); return &b }}
 
 // writeback writes to f and starts writing each written 8 MiB back to disk
 // at once (sync_file_range), so the fsync at the end of a put has little
