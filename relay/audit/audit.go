@@ -227,20 +227,13 @@ func (j *JSONLines) Record(e Event) {
 	j.mu.Unlock()
 }
 
-// enqueue adds an encoded line to the next write and returns its ticket
-// for wait. Journals encode a line once, for the store and the log.
-func (j *JSONLines) enqueue(line []byte) uint64 {
+// recordLine is Record of an encoded line: Journals encode a line once,
+// for the store and the log.
+func (j *JSONLines) recordLine(line []byte) {
 	j.mu.Lock()
-	defer j.mu.Unlock()
 	j.pending = append(j.pending, line...)
 	j.queued++
-	return j.queued
-}
-
-// wait returns once the line of ticket has been written.
-func (j *JSONLines) wait(ticket uint64) {
-	j.mu.Lock()
-	j.waitLocked(ticket)
+	j.waitLocked(j.queued)
 	j.mu.Unlock()
 }
 

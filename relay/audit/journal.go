@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"maps"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -76,8 +78,11 @@ func (c JournalsConfig) withDefaults() JournalsConfig {
 type Journals struct {
 	cfg JournalsConfig
 
-	mu sync.RWMutex
-	by map[string]*journal
+	// by maps open sandboxes to their journals: an immutable map, replaced
+	// (under mu) when one opens or goes, so that a Record reads it without
+	// a lock.
+	mu sync.Mutex
+	by atomic.Pointer[map[string]*journal]
 
 	kick chan struct{} // a segment was sealed
 	stop context.CancelFunc
@@ -197,7 +202,8 @@ func NewJournals(cfg JournalsConfig) (*Journals, error) {
 	if cfg.Writer == nil {
 		return nil, errors.New("audit: JournalsConfig.Writer is required")
 	}
-	js := &Journals{cfg: cfg.withDefaults(), by: map[string]*journal{}, kick: make(chan struct{}, 1), done: make(chan struct{})}
+	js := &Journals{cfg: cfg.withDefaults(), kick: make(chan struct{}, 1), done: make(chan struct{})}
+	js.by.Store(&map[string]*journal{})
 	ctx, stop := context.WithCancel(context.Background())
 	js.stop = stop
 	go js.loop(ctx)
@@ -208,20 +214,27 @@ func NewJournals(cfg JournalsConfig) (*Journals, error) {
 func (js *Journals) Open(sandbox string) {
 	js.mu.Lock()
 	defer js.mu.Unlock()
-	if j := js.by[sandbox]; j != nil {
+	if j := js.get(sandbox); j != nil {
 		j.mu.Lock()
 		j.closing = false
 		j.mu.Unlock()
 		return
 	}
-	js.by[sandbox] = &journal{id: sandbox, subs: map[*Follower]struct{}{}}
+	js.update(func(m map[string]*journal) { m[sandbox] = &journal{id: sandbox, subs: map[*Follower]struct{}{}} })
 }
 
-func (js *Journals) get(sandbox string) *journal {
-	js.mu.RLock()
-	defer js.mu.RUnlock()
-	return js.by[sandbox]
+func (js *Journals) get(sandbox string) *journal { return (*js.by.Load())[sandbox] }
+
+// update replaces the map of journals by a copy that edit changed; the
+// caller holds mu.
+func (js *Journals) update(edit func(map[string]*journal)) {
+	m := maps.Clone(*js.by.Load())
+	edit(m)
+	js.by.Store(&m)
 }
+
+// all returns every open journal.
+func (js *Journals) all() []*journal { return slices.Collect(maps.Values(*js.by.Load())) }
 
 // Record implements Sink.
 func (js *Journals) Record(e Event) {
@@ -237,7 +250,7 @@ func (js *Journals) Record(e Event) {
 		js.keep(j, e.Time, line)
 	}
 	if js.cfg.Log != nil {
-		js.cfg.Log.wait(js.cfg.Log.enqueue(line))
+		js.cfg.Log.recordLine(line)
 	}
 	if cap(line) <= 64<<10 {
 		*bp = line[:0]
@@ -326,12 +339,7 @@ func (js *Journals) loop(ctx context.Context) {
 		case <-tick.C:
 			growing = true
 		}
-		js.mu.RLock()
-		all := make([]*journal, 0, len(js.by))
-		for _, j := range js.by {
-			all = append(all, j)
-		}
-		js.mu.RUnlock()
+		all := js.all()
 		// A few sandboxes at once: a store's latency, not its bandwidth,
 		// bounds how many it can take in a FlushEvery.
 		sem := make(chan struct{}, writers)
@@ -420,8 +428,8 @@ func (js *Journals) removeIfDone(j *journal) {
 	j.mu.Unlock()
 	if done {
 		js.mu.Lock()
-		if js.by[j.id] == j {
-			delete(js.by, j.id)
+		if js.get(j.id) == j {
+			js.update(func(m map[string]*journal) { delete(m, j.id) })
 		}
 		js.mu.Unlock()
 	}
@@ -453,8 +461,10 @@ func (js *Journals) Seal(ctx context.Context, sandbox string) error {
 // reaches the store afterwards.
 func (js *Journals) Forget(sandbox string) {
 	js.mu.Lock()
-	j := js.by[sandbox]
-	delete(js.by, sandbox)
+	j := js.get(sandbox)
+	if j != nil {
+		js.update(func(m map[string]*journal) { delete(m, sandbox) })
+	}
 	js.mu.Unlock()
 	if j == nil {
 		return
@@ -471,14 +481,8 @@ func (js *Journals) Forget(sandbox string) {
 func (js *Journals) Close(ctx context.Context) error {
 	js.stop()
 	<-js.done
-	js.mu.RLock()
-	all := make([]*journal, 0, len(js.by))
-	for _, j := range js.by {
-		all = append(all, j)
-	}
-	js.mu.RUnlock()
 	var first error
-	for _, j := range all {
+	for _, j := range js.all() {
 		if err := js.write(ctx, j, true); err != nil && first == nil {
 			first = err
 		}
