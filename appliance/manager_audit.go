@@ -40,10 +40,12 @@ func (m *Manager) openAudit(id string) {
 	}
 }
 
-// sealAudit writes what is held of stopped sandbox sb's events to the
-// store, once its egress connections have ended: a suspend. A store that
-// fails keeps them held and tried again, which is logged, not an error of
-// the suspend (the layer is saved).
+// sealAudit stops keeping stopped sandbox sb's events, once its egress
+// connections have ended (a suspend): what is held is written to the store
+// at once, by the journals' own goroutine, so the suspend does not wait
+// for it; until it is written a listing finds it in memory, and a
+// shutdown writes it (Service.Shutdown). A store that fails keeps it held
+// and tried again.
 func (m *Manager) sealAudit(ctx context.Context, sb *Sandbox) {
 	if m.cfg.Audit == nil {
 		return
@@ -51,9 +53,7 @@ func (m *Manager) sealAudit(ctx context.Context, sb *Sandbox) {
 	dctx, cancel := context.WithTimeout(ctx, auditDrain)
 	sb.relay.Drain(dctx)
 	cancel()
-	if err := m.cfg.Audit.Seal(ctx, sb.id); err != nil {
-		m.log.Warn("the sandbox's audit could not all be written to the store; it is kept in memory and tried again", "sandbox", sb.id, "err", err)
-	}
+	m.cfg.Audit.Release(sb.id)
 }
 
 // removeAudit drops sandbox id's audit, held and stored: a destroy. The

@@ -98,7 +98,22 @@ func run(mb, small, changedMB, creates, saveAll int) error {
 	if _, err := m.Create(ctx, "builder", appliance.CreateOptions{}); err != nil {
 		return err
 	}
-	if err := sh("builder", fmt.Sprintf("%s -dir /opt/agents -mb %d -small %d", gentree, mb, small)); err != nil {
+	// The sandbox's image holds none of the host's /var/tmp: the
+	// generator goes in as a file, into /tmp (not saved with the layer).
+	builder, err := m.Sandbox("builder")
+	if err != nil {
+		return err
+	}
+	gf, err := os.Open(gentree)
+	if err != nil {
+		return err
+	}
+	_, err = builder.WriteFile(ctx, "/tmp/gentree", gf, agent.WriteOptions{Perm: 0o755, MaxBytes: 1 << 30})
+	gf.Close()
+	if err != nil {
+		return fmt.Errorf("copying the tree generator into the sandbox: %w", err)
+	}
+	if err := sh("builder", fmt.Sprintf("/tmp/gentree -dir /opt/agents -mb %d -small %d", mb, small)); err != nil {
 		return err
 	}
 	t0 := time.Now()

@@ -381,6 +381,9 @@ func (js *Journals) write(ctx context.Context, j *journal, growing bool) error {
 			j.mu.Unlock()
 			return nil
 		}
+		if j.closing {
+			s.sealed = true // late events of a sealed journal: written and let go too
+		}
 		done[s] = true
 		s.writing = true
 		name, chunks := s.name, s.snapshot()
@@ -454,6 +457,27 @@ func (js *Journals) Seal(ctx context.Context, sandbox string) error {
 	err := js.write(ctx, j, true)
 	js.removeIfDone(j)
 	return err
+}
+
+// Release stops keeping sandbox's events (a suspend) as Seal does, but
+// without waiting for the store: the writing goroutine writes what is held
+// at once, and memory is freed once the store has it all. Until then a
+// listing finds the events held (Held), and Close writes them.
+func (js *Journals) Release(sandbox string) {
+	j := js.get(sandbox)
+	if j == nil {
+		return
+	}
+	j.mu.Lock()
+	j.closing = true
+	if n := len(j.segs); n > 0 {
+		j.segs[n-1].sealed = true
+	}
+	j.mu.Unlock()
+	select {
+	case js.kick <- struct{}{}:
+	default:
+	}
 }
 
 // Forget drops what is held of sandbox's events without writing it (a

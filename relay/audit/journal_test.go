@@ -309,3 +309,28 @@ func FuzzParseCursor(f *testing.F) {
 		}
 	})
 }
+
+// Release writes what is held off the caller's path; a listing finds the
+// events meanwhile, and memory is freed once they are written.
+func TestJournalsRelease(t *testing.T) {
+	w := &memWriter{gate: make(chan struct{})}
+	js := newJournals(t, w, 1<<20)
+	js.Open("a")
+	for i := range 10 {
+		js.Record(Event{Sandbox: "a", Path: fmt.Sprint(i)})
+	}
+	js.Release("a") // the write waits at the gate
+	if got := list(t, js, w, "a", Query{}); !slices.Equal(got, numbered(10)) {
+		t.Errorf("while it is written: %v", got)
+	}
+	js.Record(Event{Sandbox: "a", Path: "late"}) // kept, since not yet written
+	close(w.gate)
+	for deadline := time.Now().Add(time.Minute); js.HeldBytes("a") != 0 || js.get("a") != nil; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("a minute after Release %d bytes are held", js.HeldBytes("a"))
+		}
+	}
+	if got := list(t, js, w, "a", Query{}); len(got) != 11 {
+		t.Errorf("in the store: %v", got)
+	}
+}
