@@ -235,6 +235,11 @@ func runServe(c *cli.Context) error {
 	if err != nil {
 		return badInput("SANDGATE_STATE_DIR (--state-dir): %v", err)
 	}
+	unlock, err := lockStateDir(state)
+	if err != nil {
+		return badInput("SANDGATE_STATE_DIR (--state-dir): %v", err)
+	}
+	defer unlock()
 	lc := appliance.LauncherConfig{
 		CLI: c.String("sandbox-cli"), StateDir: filepath.Join(state, "sandboxes"),
 		Memory: sc.memory, Pids: c.Int("sandbox-pids"), Rootfs: c.String("rootfs"),

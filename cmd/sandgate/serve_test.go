@@ -259,3 +259,28 @@ func TestServeRemovesUnfinishedUploads(t *testing.T) {
 		t.Errorf("serve removed a temporary file a put may still be writing: %v", err)
 	}
 }
+
+// A second serve on the state directory of a running one refuses to
+// start, naming the holder; the sandbox CLI's own commands keep working.
+func TestServeRefusesASecondOnItsStateDirectory(t *testing.T) {
+	t.Parallel() // processes of their own, waiting more than working
+	if os.Geteuid() != 0 {
+		t.Skip("sandboxes need root (namespaces, overlayfs, cgroups): run the tests as root")
+	}
+	env := serveEnv(t, "LOG_FORMAT=text")
+	var log bytes.Buffer
+	_, first := startServe(t, env, &log)
+	cmd := exec.Command(binary(t), "serve")
+	cmd.Env = env
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	want := fmt.Sprintf("in use by sandgate serve (pid %d)", first.Process.Pid)
+	if !(errors.As(err, &ee) && ee.ExitCode() == exitBadInput) || !strings.Contains(string(out), want) {
+		t.Errorf("a second serve on the same state directory: %v\n%s\nwant exit 2 saying %q", err, out, want)
+	}
+	ls := exec.Command(binary(t), "sandbox", "list")
+	ls.Env = env
+	if out, err := ls.CombinedOutput(); err != nil {
+		t.Errorf("sandgate sandbox list beside a serve: %v\n%s", err, out)
+	}
+}
