@@ -121,11 +121,20 @@ func (g *GCS) Put(ctx context.Context, name string, r io.Reader, opts PutOptions
 	if opts.Digest != nil {
 		digest = opts.Digest()
 	}
-	attrs, err = pinned.Update(ctx, storage.ObjectAttrsToUpdate{Metadata: map[string]string{digestMetadata: digest}})
+	updated, err := pinned.Update(ctx, storage.ObjectAttrsToUpdate{Metadata: map[string]string{digestMetadata: digest}})
 	if err != nil {
-		return Info{}, g.mapErr("put (record digest)", name, err)
+		err = g.mapErr("put (record digest)", name, err)
+		if errors.Is(err, ErrPreconditionFailed) {
+			// Another put replaced this generation after it was written:
+			// this put happened (a compare-and-swap that succeeded), and
+			// what it wrote is gone, as if replaced a moment later.
+			info := g.info(name, attrs)
+			info.Digest = digest
+			return info, nil
+		}
+		return Info{}, err
 	}
-	return g.info(name, attrs), nil
+	return g.info(name, updated), nil
 }
 
 type writerFunc func([]byte) (int, error)

@@ -2,11 +2,11 @@
 // in-process on a loopback port, speaking its real JSON API, and returns a
 // storage client pointed at it. For tests only.
 //
-// The emulator ignores a delete's ifGenerationMatch, which Cloud Storage
-// honours and leases depend on: the front put before it refuses such a
-// delete with 412 when the object is at another generation, as Cloud
-// Storage does, and runs every change of the bucket one at a time so that
-// the check and the delete are one step.
+// The emulator ignores ifGenerationMatch on a delete or a metadata update,
+// which Cloud Storage honours and leases depend on: the front put before
+// it refuses such a call with 412 when the object is at another
+// generation, as Cloud Storage does, and runs every change of the bucket
+// one at a time so that the check and the change are one step.
 package gcstest
 
 import (
@@ -67,8 +67,8 @@ func Start(t testing.TB, buckets ...string) (*fakestorage.Server, *storage.Clien
 	return srv, client
 }
 
-// front serialises the bucket's changes and checks a delete's
-// ifGenerationMatch.
+// front serialises the bucket's changes and checks the ifGenerationMatch
+// of deletes and metadata updates.
 type front struct {
 	srv  *fakestorage.Server
 	next http.Handler
@@ -82,7 +82,7 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if r.Method == http.MethodDelete {
+	if r.Method == http.MethodDelete || r.Method == http.MethodPatch || r.Method == http.MethodPut {
 		if want := r.URL.Query().Get("ifGenerationMatch"); want != "" {
 			if bucket, object, ok := objectOf(r.URL); ok {
 				if obj, err := f.srv.GetObject(bucket, object); err == nil && strconv.FormatInt(obj.Generation, 10) != want {
