@@ -580,6 +580,19 @@ func (c *Client) KillAll(ctx context.Context) (int, error) {
 	return resp.Killed, err
 }
 
+// SetDeadline sets the agent's dead man's switch: if d passes without
+// another SetDeadline, the agent kills every command and starts none until
+// the next one. 0 lifts it. A service sets it to how long it is sure to
+// own the sandbox.
+func (c *Client) SetDeadline(ctx context.Context, d time.Duration) error {
+	ms := d.Milliseconds()
+	if d > 0 && ms == 0 {
+		ms = 1
+	}
+	_, err := c.call(ctx, request{Op: "deadline", DeadlineMS: ms})
+	return err
+}
+
 // ---- files ----
 
 // FileInfo describes a file in the sandbox. It implements fs.FileInfo.

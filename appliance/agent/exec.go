@@ -35,6 +35,10 @@ const (
 // sends stdin as data frames ended by an End message.
 func (s *server) exec(st *yamux.Stream, f *framer, req request, cfg *resolved, relay string) {
 	fail := func(err error) { f.msg(response{Error: toWire(err)}) }
+	if s.deadlinePassed() {
+		fail(&Error{Code: codeExpired, Message: "the service's deadline for this sandbox passed without renewal: it starts no command until the service renews it (the service may have lost the sandbox to another)"})
+		return
+	}
 	if len(req.Args) == 0 || req.Args[0] == "" {
 		fail(invalid("exec: no command: args must name a program"))
 		return

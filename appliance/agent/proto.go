@@ -59,6 +59,11 @@ type request struct {
 	BaseURLs    map[string]string `json:"baseUrls,omitempty"`
 	HasBaseURLs bool              `json:"hasBaseUrls,omitempty"`
 
+	// deadline: how long from now the agent lets commands run; when it
+	// passes without a new deadline, it kills every command and starts
+	// none until one comes. 0 lifts it.
+	DeadlineMS int64 `json:"deadlineMs,omitempty"`
+
 	// signal, killall
 	ID     uint64 `json:"id,omitempty"`
 	Signal int    `json:"signal,omitempty"`
@@ -139,6 +144,7 @@ var knownOps = map[string]bool{
 	"hello": true, "ping": true, "exec": true, "signal": true, "killall": true,
 	"read": true, "write": true, "stat": true, "mkdir": true, "remove": true,
 	"tarin": true, "tarout": true, "dial": true, "egress": true, "fdpass": true,
+	"deadline": true,
 }
 
 // readFrame reads one frame from r into buf (grown as needed) and returns

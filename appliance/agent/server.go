@@ -80,6 +80,12 @@ type server struct {
 
 	egressActive atomic.Int64
 
+	// deadline is the service's dead man's switch (op deadline): when it
+	// fires, every command is killed and none starts until a new one.
+	dmu      sync.Mutex
+	deadline *time.Timer
+	expired  bool
+
 	// fd attaches descriptors to the link: nil unless the link is a unix
 	// stream socket. fdPass is set once the service asked for sockets
 	// (op fdpass): only a service reading with recvmsg may get them.
@@ -227,6 +233,8 @@ func (s *server) handle(st *yamux.Stream) {
 		s.tarOut(st, f, req)
 	case "dial":
 		s.dial(st, f, req)
+	case "deadline":
+		s.setDeadline(f, req, cfg)
 	case "fdpass":
 		// Sockets only go to a service that asked: one whose link is
 		// not a unix socket (Cloud Run's CLI relays bytes) never asks.
@@ -237,6 +245,49 @@ func (s *server) handle(st *yamux.Stream) {
 	default:
 		f.msg(response{Error: toWire(invalid("op %q is not served by the agent", req.Op))})
 	}
+}
+
+// setDeadline arms (or lifts, at 0) the dead man's switch: a service that
+// cannot tell whether it still owns this sandbox (its lease in the store
+// may have expired, another service may run the sandbox from its last
+// snapshot) sets it to how long it is sure to own it, renewing it before
+// it passes. A paused or partitioned service cannot renew it, and cannot
+// stop the commands itself; the agent does, in time.
+func (s *server) setDeadline(f *framer, req request, cfg *resolved) {
+	if req.DeadlineMS < 0 {
+		f.msg(response{Error: toWire(invalid("deadline: %d ms is negative", req.DeadlineMS))})
+		return
+	}
+	s.dmu.Lock()
+	if s.deadline != nil {
+		s.deadline.Stop()
+		s.deadline = nil
+	}
+	s.expired = false
+	if req.DeadlineMS > 0 {
+		var t *time.Timer
+		t = time.AfterFunc(time.Duration(req.DeadlineMS)*time.Millisecond, func() {
+			s.dmu.Lock()
+			if s.deadline != t { // replaced meanwhile
+				s.dmu.Unlock()
+				return
+			}
+			s.expired = true
+			s.dmu.Unlock()
+			n, err := killScope(s.ctx, cfg.killScope)
+			s.log.Warn("agent: the service's deadline passed without renewal: every command killed, none starts until it renews", "killed", n, "err", err)
+		})
+		s.deadline = t
+	}
+	s.dmu.Unlock()
+	f.msg(response{})
+}
+
+// deadlinePassed says whether the service's deadline passed unrenewed.
+func (s *server) deadlinePassed() bool {
+	s.dmu.Lock()
+	defer s.dmu.Unlock()
+	return s.expired
 }
 
 // hello checks the version, applies the configuration and starts the relay
