@@ -21,6 +21,14 @@ const (
 	// HeaderLayerDigest is the sha256 of a workspace tar, as a trailer
 	// of the response that streams it ("sha256:<hex>").
 	HeaderLayerDigest = "X-Sandgate-Sha256"
+	// HeaderOwner names the shard (its URL, or its id when it has none)
+	// that runs a sandbox, on every answer about one when several
+	// services share a store: a client sends the sandbox's next calls
+	// there.
+	HeaderOwner = "X-Sandgate-Owner"
+	// HeaderForwarded marks a request one shard sent another (its value
+	// the sender's id): served where it arrives, never forwarded again.
+	HeaderForwarded = "X-Sandgate-Forwarded"
 )
 
 // MaxJSONBody bounds a JSON request body (and exec's first line).
@@ -76,6 +84,9 @@ type Sandbox struct {
 	Modules []Module `json:"modules,omitempty"`
 	Home    string   `json:"home"`
 	WorkDir string   `json:"workingDirectory"`
+	// Shard is the shard running it, when several services share one
+	// store (running sandboxes).
+	Shard string `json:"shard,omitempty"`
 }
 
 // Module describes one of a sandbox's own WebAssembly modules: its name,

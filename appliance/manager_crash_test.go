@@ -68,7 +68,7 @@ func crashChild() error {
 	if err != nil {
 		return err
 	}
-	cfg := ManagerConfig{Launcher: l, Proxy: proxy, Store: dir, WorkDir: os.Getenv("CRASH_WORK"), IdleSuspend: -1}
+	cfg := ManagerConfig{Launcher: l, Proxy: proxy, Store: dir, WorkDir: os.Getenv("CRASH_WORK"), IdleSuspend: -1, Shard: testShard}
 	m, err := NewManager(ctx, cfg)
 	if err != nil {
 		return err

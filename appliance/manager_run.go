@@ -149,6 +149,7 @@ func (m *Manager) publish(ctx context.Context, b *box, sb *Sandbox, so startOpti
 	if err := m.journal(b); err != nil {
 		m.log.Warn("recording the sandbox for restart recovery failed; if the service crashes it is saved without its template", "sandbox", b.id, "err", err)
 	}
+	sb.setDeadline(m.c.Safe())
 	b.live.Store(sb)
 	b.state.Store(Running)
 	return sb, nil

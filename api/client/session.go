@@ -590,7 +590,8 @@ func (s *Session) PortEndpoint(ctx context.Context, port int, protocol string) (
 		return Endpoint{}, fmt.Errorf("%w: port %d is not exposed by sandbox %q (exposed: %v); add it with SetPorts", ErrCapabilityUnsupported, port, s.ID(), s.Ports())
 	}
 	c := s.r.sb.c
-	u := *c.base
+	sh := c.target(s.ID())
+	u := *sh.base
 	switch protocol {
 	case "", "http", "https":
 	case "ws":
@@ -600,7 +601,7 @@ func (s *Session) PortEndpoint(ctx context.Context, port int, protocol string) (
 	}
 	_, p := call{route: routePorts, args: []string{s.ID(), strconv.Itoa(port)}}.path()
 	h := http.Header{}
-	if err := c.authorize(ctx, h); err != nil {
+	if err := c.authorizeFor(ctx, sh, h); err != nil {
 		return Endpoint{}, err
 	}
 	return Endpoint{URL: u.String() + p, Header: h}, nil

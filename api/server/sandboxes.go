@@ -191,7 +191,7 @@ func (s *Server) sandboxInfo(in appliance.Info) api.Sandbox {
 	out := api.Sandbox{
 		Name: in.ID, State: string(in.State), Created: in.Created, LayerBytes: in.LayerBytes, Template: in.Template,
 		BaseURLs: in.BaseURLs, Home: sandboxDir(s.cfg.Home, in.ID), WorkDir: sandboxDir(s.cfg.WorkDir, in.ID),
-		Ports: in.OpenPorts,
+		Ports: in.OpenPorts, Shard: in.Shard,
 	}
 	if !in.LastActive.IsZero() {
 		t := in.LastActive.UTC().Truncate(time.Millisecond)

@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/sandgate/sandgate/api/forward"
 	"github.com/sandgate/sandgate/api/server"
 	"github.com/sandgate/sandgate/appliance"
 	"github.com/sandgate/sandgate/netpolicy"
@@ -68,6 +69,10 @@ type Config struct {
 	// Server configures the HTTP service; its Backend, Metrics and Logger
 	// are the service's.
 	Server server.Config
+	// PeerAuth, when set, gives a request forwarded to another shard
+	// this one's credentials for it (on Cloud Run, an identity token for
+	// the peer's URL). The shards themselves are Manager.Shard.
+	PeerAuth func(ctx context.Context, req *http.Request, peerURL string) error
 	// Logger receives the service's events (JSON lines Cloud Logging
 	// reads, or text); nil discards.
 	Logger *slog.Logger
@@ -87,7 +92,10 @@ type Service struct {
 	Launcher *appliance.Launcher
 	Manager  *appliance.Manager
 	Server   *server.Server
-	Metrics  *prometheus.Registry
+	// Front sends requests for sandboxes other shards run to them, and
+	// serves the rest with Server.
+	Front   *forward.Front
+	Metrics *prometheus.Registry
 
 	store store.Store
 	log   *slog.Logger
@@ -165,18 +173,20 @@ func New(ctx context.Context, cfg Config) (_ *Service, err error) {
 	if s.Server, err = server.New(sc); err != nil {
 		return nil, err
 	}
+	s.Front = forward.New(forward.Config{Locator: s.Manager, Next: s.Server, Auth: cfg.PeerAuth, Logger: s.log})
 	return s, nil
 }
 
-// Handler is the HTTP service: protocol 1 and sandgate's /v1.
-func (s *Service) Handler() http.Handler { return s.Server }
+// Handler is the HTTP service: protocol 1 and sandgate's /v1, forwarded
+// to the shard running the sandbox a request names.
+func (s *Service) Handler() http.Handler { return s.Front }
 
 // Serve serves the HTTP service on ln, as `sandgate serve` does: HTTP/1.1
 // and HTTP/2 without TLS (Cloud Run's front end speaks it to the container
 // when the service uses --use-http2, which lifts its 32 MiB cap on HTTP/1
 // request bodies). It returns http.ErrServerClosed once Shutdown began.
 func (s *Service) Serve(ln net.Listener) error {
-	hs := &http.Server{Handler: s.Server, ReadHeaderTimeout: 30 * time.Second, ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelDebug)}
+	hs := &http.Server{Handler: s.Front, ReadHeaderTimeout: 30 * time.Second, ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelDebug)}
 	hs.Protocols = new(http.Protocols)
 	hs.Protocols.SetHTTP1(true)
 	hs.Protocols.SetUnencryptedHTTP2(true)

@@ -593,6 +593,20 @@ func (c *Client) SetDeadline(ctx context.Context, d time.Duration) error {
 	return err
 }
 
+// Pause stops every command (SIGSTOP) until Continue, or until d passes,
+// when the agent continues them itself; it returns how many it stopped.
+func (c *Client) Pause(ctx context.Context, d time.Duration) (int, error) {
+	ms := max(d.Milliseconds(), 1)
+	resp, err := c.call(ctx, request{Op: "pause", PauseMS: ms})
+	return resp.Killed, err
+}
+
+// Continue continues the commands Pause stopped.
+func (c *Client) Continue(ctx context.Context) error {
+	_, err := c.call(ctx, request{Op: "pause"})
+	return err
+}
+
 // ---- files ----
 
 // FileInfo describes a file in the sandbox. It implements fs.FileInfo.

@@ -240,3 +240,44 @@ func TestDeadlineProcess(t *testing.T) {
 		t.Errorf("a negative deadline was taken")
 	}
 }
+
+// TestPauseProcess: a pause stops every command until continued, and
+// continues them by itself when its time passes.
+func TestPauseProcess(t *testing.T) {
+	a := startAgentProcess(t)
+	ctx := testCtx(t)
+	p, err := a.c.Spawn(ctx, Cmd{Args: []string{"sleep", "1000"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	state := func() byte {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.PID))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, rest, _ := strings.Cut(string(b), ") ")
+		return rest[0]
+	}
+	waitState := func(want byte) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); state() != want; time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("command state %c, want %c", state(), want)
+			}
+		}
+	}
+	if n, err := a.c.Pause(ctx, time.Minute); err != nil || n < 1 {
+		t.Fatalf("pause: %d %v", n, err)
+	}
+	waitState('T')
+	if err := a.c.Continue(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitState('S')
+	// A pause nobody ends ends by itself.
+	if _, err := a.c.Pause(ctx, 100*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	waitState('S')
+	p.Kill(ctx)
+}

@@ -182,6 +182,22 @@ func killScope(ctx context.Context, scope KillScope) (int, error) {
 	return len(killed), fmt.Errorf("kill-all: %d processes survived %d rounds of SIGKILL (pids %v; uninterruptible I/O?)", len(left), killRounds, left)
 }
 
+// signalScope sends sig, once, to every process in scope but the agent,
+// and returns how many it signalled.
+func signalScope(scope KillScope, sig syscall.Signal) (int, error) {
+	procs, err := listProcs()
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, pid := range victims(procs, os.Getpid(), scope) {
+		if syscall.Kill(pid, sig) == nil {
+			n++
+		}
+	}
+	return n, nil
+}
+
 // startReaper makes the process a child subreaper and reaps the orphans
 // re-parented to it: zombies whose parent is this process and that are not
 // commands a goroutine is waiting for.

@@ -64,6 +64,10 @@ type request struct {
 	// none until one comes. 0 lifts it.
 	DeadlineMS int64 `json:"deadlineMs,omitempty"`
 
+	// pause: stop every command (SIGSTOP) for at most PauseMS, after which
+	// the agent continues them itself; 0 continues them now.
+	PauseMS int64 `json:"pauseMs,omitempty"`
+
 	// signal, killall
 	ID     uint64 `json:"id,omitempty"`
 	Signal int    `json:"signal,omitempty"`
@@ -144,7 +148,7 @@ var knownOps = map[string]bool{
 	"hello": true, "ping": true, "exec": true, "signal": true, "killall": true,
 	"read": true, "write": true, "stat": true, "mkdir": true, "remove": true,
 	"tarin": true, "tarout": true, "dial": true, "egress": true, "fdpass": true,
-	"deadline": true,
+	"deadline": true, "pause": true,
 }
 
 // readFrame reads one frame from r into buf (grown as needed) and returns

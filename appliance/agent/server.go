@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/hashicorp/yamux"
@@ -85,6 +86,8 @@ type server struct {
 	dmu      sync.Mutex
 	deadline *time.Timer
 	expired  bool
+	// paused continues the commands a pause stopped, when it passes.
+	paused *time.Timer
 
 	// fd attaches descriptors to the link: nil unless the link is a unix
 	// stream socket. fdPass is set once the service asked for sockets
@@ -235,6 +238,8 @@ func (s *server) handle(st *yamux.Stream) {
 		s.dial(st, f, req)
 	case "deadline":
 		s.setDeadline(f, req, cfg)
+	case "pause":
+		s.pause(f, req, cfg)
 	case "fdpass":
 		// Sockets only go to a service that asked: one whose link is
 		// not a unix socket (Cloud Run's CLI relays bytes) never asks.
@@ -281,6 +286,46 @@ func (s *server) setDeadline(f *framer, req request, cfg *resolved) {
 	}
 	s.dmu.Unlock()
 	f.msg(response{})
+}
+
+// pause stops every command (SIGSTOP) while the service copies the
+// sandbox's layer for a checkpoint, and continues them (SIGCONT) when
+// told, or by itself when PauseMS passes: a service that dies mid-copy
+// leaves nothing stopped.
+func (s *server) pause(f *framer, req request, cfg *resolved) {
+	if req.PauseMS < 0 || req.PauseMS > int64(maxPause/time.Millisecond) {
+		f.msg(response{Error: toWire(invalid("pause: %d ms: want 0 (continue) to %d", req.PauseMS, maxPause.Milliseconds()))})
+		return
+	}
+	s.dmu.Lock()
+	if s.paused != nil {
+		s.paused.Stop()
+		s.paused = nil
+	}
+	if req.PauseMS == 0 {
+		s.dmu.Unlock()
+		n, err := signalScope(cfg.killScope, syscall.SIGCONT)
+		f.msg(response{Killed: n, Error: toWire0(err)})
+		return
+	}
+	s.paused = time.AfterFunc(time.Duration(req.PauseMS)*time.Millisecond, func() {
+		n, _ := signalScope(cfg.killScope, syscall.SIGCONT)
+		s.log.Warn("agent: a pause passed its time without the service continuing the commands: continued", "commands", n)
+	})
+	s.dmu.Unlock()
+	n, err := signalScope(cfg.killScope, syscall.SIGSTOP)
+	f.msg(response{Killed: n, Error: toWire0(err)})
+}
+
+// maxPause bounds a pause.
+const maxPause = 10 * time.Minute
+
+// toWire0 is toWire of a possibly nil error.
+func toWire0(err error) *wireError {
+	if err == nil {
+		return nil
+	}
+	return toWire(err)
 }
 
 // deadlinePassed says whether the service's deadline passed unrenewed.

@@ -133,6 +133,10 @@ type Lease struct {
 	gen     int64
 }
 
+// Epoch is the epoch of this shard the lease was taken (or revalidated)
+// under.
+func (l *Lease) Epoch() string { return l.epoch }
+
 // leaseRecord is a lease object.
 type leaseRecord struct {
 	Sandbox string    `json:"sandbox"`
@@ -264,6 +268,10 @@ func (c *Cluster) join(ctx context.Context, wait bool) error {
 		return nil
 	}
 }
+
+// Epoch is this shard's current epoch: its incarnation since it last
+// joined.
+func (c *Cluster) Epoch() string { return c.currentEpoch() }
 
 func (c *Cluster) currentEpoch() string {
 	c.mu.Lock()

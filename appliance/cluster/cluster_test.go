@@ -14,11 +14,12 @@ import (
 	"github.com/sandgate/sandgate/snapshot/store"
 )
 
-// Short leases keep the tests short; every wait below is bounded by a
-// multiple of them, generous for a loaded machine.
+// Short leases keep the tests short, yet a renewal may stall for four
+// seconds (fsync on a loaded machine) without fencing a shard; every wait
+// below is bounded by a multiple of them.
 const (
-	testLease = 1500 * time.Millisecond
-	testRenew = 500 * time.Millisecond
+	testLease = 6 * time.Second
+	testRenew = time.Second
 )
 
 func stores(t *testing.T) map[string]func(t *testing.T) store.Store {

@@ -1,0 +1,247 @@
+// Package forward sends a request for a sandbox another shard runs to that
+// shard, so that any shard answers any request: the front of the HTTP
+// service when several share one store (appliance/cluster).
+//
+// A request naming a sandbox (/v1/sandboxes/{name}/...) goes to the shard
+// holding the sandbox's lease: served here when that is this shard or
+// nobody (a suspended sandbox is resumed by whichever shard is asked),
+// forwarded otherwise, streams, exec frames, port tunnels and the TCP
+// bridge included. A create goes here while this shard has room, else to
+// a shard that has. A forwarded request carries HeaderForwarded and is
+// never forwarded again. Every answer about a sandbox says which shard
+// served it (HeaderOwner).
+package forward
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sandgate/sandgate/api"
+	"github.com/sandgate/sandgate/appliance/cluster"
+)
+
+// Headers of the forwarding (see package api).
+const (
+	HeaderOwner     = api.HeaderOwner
+	HeaderForwarded = api.HeaderForwarded
+)
+
+// Locator says where sandboxes run: *appliance.Manager.
+type Locator interface {
+	// Owner is the shard running sandbox id, local when it is this one
+	// or none.
+	Owner(ctx context.Context, id string) (shard cluster.Shard, local bool, err error)
+	// Place is where a new sandbox should start: here (local), another
+	// shard with room, or nowhere (ok false).
+	Place(ctx context.Context) (shard cluster.Shard, local, ok bool)
+	// Shard is this shard's id and URL.
+	Shard() (id, url string)
+}
+
+// Config is a front's.
+type Config struct {
+	Locator Locator
+	// Next serves what is served here: the HTTP service.
+	Next http.Handler
+	// Auth, when set, gives a forwarded request this shard's credentials
+	// for the peer at peerURL (on Cloud Run, an identity token for it);
+	// the client's own service token travels as it came.
+	Auth func(ctx context.Context, req *http.Request, peerURL string) error
+	// CacheFor is how long a sandbox's owner is remembered (default 1s):
+	// owners change only when a shard stops or dies.
+	CacheFor time.Duration
+	Logger   *slog.Logger
+}
+
+// Front is the forwarding front.
+type Front struct {
+	cfg   Config
+	log   *slog.Logger
+	self  string // this shard's HeaderOwner value
+	id    string
+	proxy *httputil.ReverseProxy
+
+	mu     sync.Mutex
+	owners map[string]owned
+}
+
+type owned struct {
+	shard cluster.Shard
+	local bool
+	until time.Time
+}
+
+// peerKey carries a forwarded request's peer through the reverse proxy.
+type peerKey struct{}
+
+// New makes a front.
+func New(cfg Config) *Front {
+	if cfg.CacheFor <= 0 {
+		cfg.CacheFor = time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	id, u := cfg.Locator.Shard()
+	f := &Front{cfg: cfg, log: cfg.Logger, id: id, self: u, owners: map[string]owned{}}
+	if f.self == "" {
+		f.self = id
+	}
+	f.proxy = &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			peer := pr.In.Context().Value(peerKey{}).(*url.URL)
+			pr.SetURL(peer)
+			pr.Out.Host = peer.Host
+			pr.Out.Header.Set(HeaderForwarded, f.id)
+			// The client's identity at the front (Cloud Run's IAM) is not
+			// for the peer; Auth gives this shard's own.
+			pr.Out.Header.Del("Authorization")
+			if f.cfg.Auth != nil {
+				if err := f.cfg.Auth(pr.Out.Context(), pr.Out, peer.String()); err != nil {
+					f.log.Warn("forwarding: no credentials for the peer", "peer", peer.String(), "err", err)
+				}
+			}
+		},
+		FlushInterval: -1, // exec frames and streams as they come
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			peer := r.Context().Value(peerKey{}).(*url.URL)
+			f.forget(sandboxOf(r))
+			f.log.Warn("forwarding to the shard that runs the sandbox failed", "peer", peer.String(), "path", r.URL.Path, "err", err)
+			w.Header().Set("Retry-After", "1")
+			writeError(w, http.StatusServiceUnavailable, fmt.Sprintf("the shard running this sandbox (%s) did not answer: %v; retry (if it is gone, another shard resumes the sandbox once its lease expires)", peer.Host, err))
+		},
+		ErrorLog: slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelDebug),
+	}
+	return f
+}
+
+// sandboxOf is the sandbox a request names, "" for none.
+func sandboxOf(r *http.Request) string {
+	rest, ok := strings.CutPrefix(r.URL.Path, "/v1/sandboxes/")
+	if !ok {
+		return ""
+	}
+	name, _, _ := strings.Cut(rest, "/")
+	return name
+}
+
+// isCreate says whether r creates a sandbox (protocol 1's create).
+func isCreate(r *http.Request) bool {
+	return r.Method == http.MethodPost && strings.TrimSuffix(r.URL.Path, "/") == "/v1/sandboxes"
+}
+
+func (f *Front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Header.Get(HeaderForwarded) != "" {
+		f.local(w, r)
+		return
+	}
+	if isCreate(r) {
+		f.create(w, r)
+		return
+	}
+	id := sandboxOf(r)
+	if id == "" {
+		f.cfg.Next.ServeHTTP(w, r)
+		return
+	}
+	shard, local, err := f.owner(r.Context(), id)
+	if err != nil {
+		f.log.Warn("could not tell which shard runs the sandbox; serving here", "sandbox", id, "err", err)
+	}
+	if local || err != nil {
+		f.local(w, r)
+		return
+	}
+	f.forward(w, r, shard)
+}
+
+// local serves r here, saying so.
+func (f *Front) local(w http.ResponseWriter, r *http.Request) {
+	if sandboxOf(r) != "" || isCreate(r) {
+		w.Header().Set(HeaderOwner, f.self)
+	}
+	f.cfg.Next.ServeHTTP(w, r)
+}
+
+// create serves a create here while this shard has room, else on one that
+// has. Its body (small JSON) is kept to be sent on.
+func (f *Front) create(w http.ResponseWriter, r *http.Request) {
+	shard, local, ok := f.cfg.Locator.Place(r.Context())
+	if local || !ok || shard.URL == "" {
+		f.local(w, r) // no room anywhere: the service answers 503
+		return
+	}
+	f.forward(w, r, shard)
+}
+
+// owner is who runs sandbox id, remembered for CacheFor.
+func (f *Front) owner(ctx context.Context, id string) (cluster.Shard, bool, error) {
+	f.mu.Lock()
+	o, ok := f.owners[id]
+	f.mu.Unlock()
+	if ok && time.Now().Before(o.until) {
+		return o.shard, o.local, nil
+	}
+	shard, local, err := f.cfg.Locator.Owner(ctx, id)
+	if err != nil {
+		return shard, local, err
+	}
+	if !local && shard.URL == "" {
+		return shard, false, fmt.Errorf("sandbox %s runs on shard %s, which gave no URL (SANDGATE_SHARD_URL)", id, shard.ID)
+	}
+	f.mu.Lock()
+	if len(f.owners) > 10000 {
+		clear(f.owners)
+	}
+	f.owners[id] = owned{shard: shard, local: local, until: time.Now().Add(f.cfg.CacheFor)}
+	f.mu.Unlock()
+	return shard, local, nil
+}
+
+// forget drops what is remembered of id's owner.
+func (f *Front) forget(id string) {
+	if id == "" {
+		return
+	}
+	f.mu.Lock()
+	delete(f.owners, id)
+	f.mu.Unlock()
+}
+
+// forward sends r to shard.
+func (f *Front) forward(w http.ResponseWriter, r *http.Request, shard cluster.Shard) {
+	peer, err := url.Parse(shard.URL)
+	if err != nil || (peer.Scheme != "http" && peer.Scheme != "https") || peer.Host == "" {
+		writeError(w, http.StatusInternalServerError, fmt.Sprintf("shard %s has URL %q: want http(s)://host[:port]", shard.ID, shard.URL))
+		return
+	}
+	// Streams in both directions (exec's stdin beside its output).
+	http.NewResponseController(w).EnableFullDuplex()
+	if r.Body != nil && r.ContentLength > 0 && r.ContentLength <= 1<<20 && isCreate(r) {
+		// Buffered, so a failed dial can be answered cleanly.
+		b, err := io.ReadAll(r.Body)
+		if err != nil {
+			writeError(w, http.StatusBadRequest, "reading the request: "+err.Error())
+			return
+		}
+		r.Body = io.NopCloser(bytes.NewReader(b))
+	}
+	f.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), peerKey{}, peer)))
+}
+
+func writeError(w http.ResponseWriter, code int, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set(api.HeaderProtocol, "1")
+	w.WriteHeader(code)
+	json.NewEncoder(w).Encode(api.Error{Error: msg})
+}
