@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -248,25 +249,27 @@ func (m *Manager) Owner(ctx context.Context, id string) (shard cluster.Shard, lo
 }
 
 // Place says where a new sandbox should start: here while this shard has
-// room (local true), else a live shard that has (ok true), else nowhere.
-func (m *Manager) Place(ctx context.Context) (shard cluster.Shard, local, ok bool) {
+// room (local true), else on one of others, the live shards whose last
+// heartbeat said they had room, most room first (a heartbeat is seconds
+// old: one may be full by now, and refuse).
+func (m *Manager) Place(ctx context.Context) (others []cluster.Shard, local bool) {
 	m.mu.Lock()
 	room := m.nrunning < m.cfg.MaxRunning
 	m.mu.Unlock()
-	me := cluster.Shard{ID: m.c.ID(), URL: m.c.URL()}
 	if room {
-		return me, true, true
+		return nil, true
 	}
 	shards, err := m.c.Shards(ctx)
 	if err != nil {
-		return me, true, false
+		return nil, true
 	}
 	for _, s := range shards {
-		if s.ID != me.ID && s.URL != "" && s.Room() {
-			return s, false, true
+		if s.ID != m.c.ID() && s.URL != "" && s.Room() {
+			others = append(others, s)
 		}
 	}
-	return me, true, false
+	slices.SortStableFunc(others, func(a, b cluster.Shard) int { return (b.Max - b.Running) - (a.Max - a.Running) })
+	return others, false
 }
 
 // Shards are the live shards sharing the store, this one included.

@@ -46,7 +46,7 @@ func (c *cutoff) DeleteIf(ctx context.Context, name string, gen int64) error {
 
 func shardRig(t *testing.T, st store.Store, id string) *mrig {
 	return newManagerRig(t, st, func(c *ManagerConfig) {
-		c.Shard = testShard
+		c.Shard = shortShard
 		c.Shard.ID, c.Shard.URL = id, "http://"+id+".test"
 	})
 }
@@ -129,7 +129,7 @@ func testShardsShareAStore(t *testing.T, st store.Store) {
 	}
 	// b is cut off from the store: fenced, its commands stop.
 	cut.cut.Store(true)
-	waitCtx, cancel := context.WithTimeout(ctx, 20*testShard.LeaseTime)
+	waitCtx, cancel := context.WithTimeout(ctx, 20*shortShard.LeaseTime)
 	defer cancel()
 	if code, ok := sleeper.Wait(waitCtx); !ok || code != 137 {
 		t.Fatalf("a command on the fenced shard: %d (ended: %v), want killed (137)", code, ok)

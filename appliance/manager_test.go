@@ -33,11 +33,14 @@ type mrig struct {
 	log *syncbuf.Buffer
 }
 
-// testShard is the rigs' shard: leases of 6 s, so that a manager that
-// replaces one that crashed (whose heartbeat is left) waits seconds, and
-// a renewal may stall for four (fsync on a loaded machine) without
-// fencing the shard.
-var testShard = ShardConfig{ID: "test-shard", LeaseTime: 6 * time.Second, Renew: time.Second}
+// testShard is the rigs' shard, with the default leases: a renewal may
+// stall for seconds (fsync behind the layers being saved on a loaded
+// machine) without fencing it. shortShard's leases expire in seconds, for
+// the tests that wait for one to: they keep their I/O small.
+var (
+	testShard  = ShardConfig{ID: "test-shard"}
+	shortShard = ShardConfig{ID: "test-shard", LeaseTime: 6 * time.Second, Renew: time.Second}
+)
 
 // storeKinds are the stores every lifecycle test runs against.
 var storeKinds = []string{"dir", "gcs"}

@@ -279,7 +279,7 @@ func (c *Client) info(ctx context.Context, id string) (SandboxInfo, error) {
 
 func sandboxInfo(in api.Sandbox) SandboxInfo {
 	out := SandboxInfo{Name: in.Name, State: in.State, Created: in.Created, LayerBytes: in.LayerBytes, Template: in.Template,
-		OpenPorts: in.Ports, BaseURLs: in.BaseURLs, Home: in.Home, WorkingDirectory: in.WorkDir}
+		OpenPorts: in.Ports, BaseURLs: in.BaseURLs, Home: in.Home, WorkingDirectory: in.WorkDir, Shard: in.Shard}
 	if in.LastActive != nil {
 		out.LastActive = *in.LastActive
 	}

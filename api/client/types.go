@@ -200,6 +200,9 @@ type SandboxInfo struct {
 	BaseURLs         map[string]string
 	Home             string
 	WorkingDirectory string
+	// Shard is the shard running it, when several services share one
+	// store (WithShards).
+	Shard string
 }
 
 // TemplateInfo describes a template of the service's namespace.

@@ -41,9 +41,9 @@ type Locator interface {
 	// Owner is the shard running sandbox id, local when it is this one
 	// or none.
 	Owner(ctx context.Context, id string) (shard cluster.Shard, local bool, err error)
-	// Place is where a new sandbox should start: here (local), another
-	// shard with room, or nowhere (ok false).
-	Place(ctx context.Context) (shard cluster.Shard, local, ok bool)
+	// Place is where a new sandbox should start: here (local), else on
+	// one of others, in order.
+	Place(ctx context.Context) (others []cluster.Shard, local bool)
 	// Shard is this shard's id and URL.
 	Shard() (id, url string)
 }
@@ -70,6 +70,7 @@ type Front struct {
 	self  string // this shard's HeaderOwner value
 	id    string
 	proxy *httputil.ReverseProxy
+	hc    *http.Client // forwarded creates
 
 	mu     sync.Mutex
 	owners map[string]owned
@@ -93,7 +94,8 @@ func New(cfg Config) *Front {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	id, u := cfg.Locator.Shard()
-	f := &Front{cfg: cfg, log: cfg.Logger, id: id, self: u, owners: map[string]owned{}}
+	f := &Front{cfg: cfg, log: cfg.Logger, id: id, self: u, owners: map[string]owned{},
+		hc: &http.Client{Timeout: 10 * time.Minute, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}}
 	if f.self == "" {
 		f.self = id
 	}
@@ -173,15 +175,64 @@ func (f *Front) local(w http.ResponseWriter, r *http.Request) {
 	f.cfg.Next.ServeHTTP(w, r)
 }
 
-// create serves a create here while this shard has room, else on one that
-// has. Its body (small JSON) is kept to be sent on.
+// create serves a create here while this shard has room, else on the
+// first of the others with room that takes it (a shard that filled since
+// its last heartbeat answers 503: the next is tried). With no room
+// anywhere, the service here answers 503.
 func (f *Front) create(w http.ResponseWriter, r *http.Request) {
-	shard, local, ok := f.cfg.Locator.Place(r.Context())
-	if local || !ok || shard.URL == "" {
-		f.local(w, r) // no room anywhere: the service answers 503
+	others, local := f.cfg.Locator.Place(r.Context())
+	if local || len(others) == 0 {
+		f.local(w, r)
 		return
 	}
-	f.forward(w, r, shard)
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxCreateBody+1))
+	if err != nil || len(body) > maxCreateBody {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("reading the request: %v (at most %d bytes)", err, maxCreateBody))
+		return
+	}
+	for _, s := range others {
+		resp, err := f.send(r, s, body)
+		if err != nil {
+			f.log.Warn("forwarding a create to a shard with room failed; trying the next", "shard", s.ID, "err", err)
+			continue
+		}
+		if resp.StatusCode == http.StatusServiceUnavailable {
+			resp.Body.Close()
+			continue // full since its heartbeat
+		}
+		defer resp.Body.Close()
+		for k, v := range resp.Header {
+			w.Header()[k] = v
+		}
+		w.WriteHeader(resp.StatusCode)
+		io.Copy(w, resp.Body)
+		return
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	f.local(w, r)
+}
+
+// maxCreateBody bounds a create's body, which a forwarded create buffers.
+const maxCreateBody = 1 << 20
+
+// send sends a copy of r, with body, to shard s.
+func (f *Front) send(r *http.Request, s cluster.Shard, body []byte) (*http.Response, error) {
+	peer, err := url.Parse(s.URL)
+	if err != nil {
+		return nil, err
+	}
+	out := r.Clone(r.Context())
+	out.RequestURI = ""
+	out.URL.Scheme, out.URL.Host, out.Host = peer.Scheme, peer.Host, peer.Host
+	out.Body, out.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
+	out.Header.Set(HeaderForwarded, f.id)
+	out.Header.Del("Authorization")
+	if f.cfg.Auth != nil {
+		if err := f.cfg.Auth(out.Context(), out, peer.String()); err != nil {
+			return nil, err
+		}
+	}
+	return f.hc.Do(out)
 }
 
 // owner is who runs sandbox id, remembered for CacheFor.
@@ -227,15 +278,6 @@ func (f *Front) forward(w http.ResponseWriter, r *http.Request, shard cluster.Sh
 	}
 	// Streams in both directions (exec's stdin beside its output).
 	http.NewResponseController(w).EnableFullDuplex()
-	if r.Body != nil && r.ContentLength > 0 && r.ContentLength <= 1<<20 && isCreate(r) {
-		// Buffered, so a failed dial can be answered cleanly.
-		b, err := io.ReadAll(r.Body)
-		if err != nil {
-			writeError(w, http.StatusBadRequest, "reading the request: "+err.Error())
-			return
-		}
-		r.Body = io.NopCloser(bytes.NewReader(b))
-	}
 	f.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), peerKey{}, peer)))
 }
 

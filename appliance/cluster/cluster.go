@@ -180,8 +180,8 @@ func Open(ctx context.Context, cfg Config) (*Cluster, error) {
 	if cfg.Store == nil {
 		return nil, errors.New("cluster: Config needs a Store")
 	}
-	if !shardID.MatchString(cfg.ID) {
-		return nil, fmt.Errorf("shard id %q: want 1 to 63 of a-z, 0-9 and -, starting with a letter or digit", cfg.ID)
+	if err := CheckID(cfg.ID); err != nil {
+		return nil, err
 	}
 	if cfg.LeaseTime <= 0 {
 		cfg.LeaseTime = DefaultLeaseTime
@@ -202,6 +202,15 @@ func Open(ctx context.Context, cfg Config) (*Cluster, error) {
 	}
 	go c.loop()
 	return c, nil
+}
+
+// CheckID checks a shard id: 1 to 63 of a-z, 0-9 and -, starting with a
+// letter or digit.
+func CheckID(id string) error {
+	if !shardID.MatchString(id) {
+		return fmt.Errorf("shard id %q: want 1 to 63 of a-z, 0-9 and -, starting with a letter or digit", id)
+	}
+	return nil
 }
 
 // ID is this shard's id; URL where the others reach it.

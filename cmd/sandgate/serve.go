@@ -75,7 +75,7 @@ Run (IAM in front) or with --allow-open.`,
 			&cli.StringFlag{Name: "audit-log", Value: "-", Usage: "write egress audit events as JSON lines to `FILE` (- for standard output)", EnvVars: []string{"SANDGATE_AUDIT_LOG"}},
 			&cli.StringSliceFlag{Name: "upstream-ca", Usage: "also trust the PEM certificates in `FILE` for upstreams (tests, private CAs); repeatable", EnvVars: []string{"SANDGATE_UPSTREAM_CA"}},
 			&cli.GenericFlag{Name: "transform-module", Value: &moduleSpecs{}, Usage: "apply the WebAssembly module in `FILE[?CONFIG]` to every sandbox's base-URL routes, before its own modules and the credential swap; repeatable"},
-		}, dnsFlags(), wasmRuntimeFlags()),
+		}, shardFlags(), dnsFlags(), wasmRuntimeFlags()),
 		OnUsageError: usageError,
 		Action:       runServe,
 	}
@@ -279,6 +279,14 @@ func runServe(c *cli.Context) error {
 	if idle == 0 {
 		idle = -1
 	}
+	shard, err := shardConfig(c, sc.cloudRun, logger)
+	if err != nil {
+		return err
+	}
+	checkpoints := c.Duration("checkpoint-interval")
+	if checkpoints == 0 {
+		checkpoints = -1
+	}
 	svc, err := service.New(ctx, service.Config{
 		DNSServers: splitAll(c.StringSlice("dns")), AllowPrivate: sc.allowPrivate, UpstreamRoots: roots,
 		AuditLog: auditOut, Modules: rt, ServiceModules: modules, Store: st, Launcher: lc, Logger: logger,
@@ -286,7 +294,9 @@ func runServe(c *cli.Context) error {
 			ImageID: sc.imageID, Version: serveVersion(), WorkDir: filepath.Join(state, "work"),
 			MaxRunning: c.Int("max-sandboxes"), IdleSuspend: idle,
 			AllowedHosts: sc.allowedHosts, BaseURLs: sc.baseURLs, OutputBytes: int(sc.outputBytes),
+			Shard: shard, CheckpointInterval: checkpoints,
 		},
+		PeerAuth: peerAuth(sc.cloudRun, logger),
 		Server: server.Config{
 			Token: c.String("token"), LocalOnly: loopback && c.String("token") == "", LocalHosts: splitAll([]string{c.String("local-hostnames")}),
 			Version: serveVersion(), Home: c.String("home"), WorkDir: c.String("workdir"), Path: c.String("path"),
@@ -301,8 +311,10 @@ func runServe(c *cli.Context) error {
 	}
 	served := make(chan error, 1)
 	go func() { served <- svc.Serve(ln) }()
+	shardID, shardURL := svc.Manager.Shard()
 	logger.Info("sandgate serving", "addr", ln.Addr().String(), "cli", svc.Launcher.String(), "store", storeName(c), "image_id", sc.imageID,
-		"template_namespace", svc.Manager.Namespace(), "cloud_run", sc.cloudRun, "token", c.String("token") != "")
+		"template_namespace", svc.Manager.Namespace(), "cloud_run", sc.cloudRun, "token", c.String("token") != "",
+		"shard", shardID, "shard_url", shardURL)
 
 	select {
 	case err := <-served:

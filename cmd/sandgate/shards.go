@@ -33,7 +33,7 @@ func shardFlags() []cli.Flag {
 
 // shardConfig reads the shard settings. On Cloud Run the id defaults to
 // the service's name and the URL to its own (from the metadata server).
-func shardConfig(c *cli.Context, cloudRun bool) (appliance.ShardConfig, error) {
+func shardConfig(c *cli.Context, cloudRun bool, logger *slog.Logger) (appliance.ShardConfig, error) {
 	sc := appliance.ShardConfig{ID: c.String("shard-id"), URL: c.String("shard-url"), LeaseTime: c.Duration("lease-time"), Renew: c.Duration("lease-renew")}
 	if sc.LeaseTime <= 0 || sc.Renew <= 0 || sc.Renew > sc.LeaseTime/3 {
 		return sc, badInput("SANDGATE_LEASE_TIME %s and SANDGATE_LEASE_RENEW %s: want both positive, renewal at most a third of the lease time (default 30s and 10s)", sc.LeaseTime, sc.Renew)
@@ -45,7 +45,7 @@ func shardConfig(c *cli.Context, cloudRun bool) (appliance.ShardConfig, error) {
 		sc.ID = os.Getenv("K_SERVICE")
 	}
 	if sc.ID != "" {
-		if _, err := cluster.Open(context.Background(), cluster.Config{ID: sc.ID}); err != nil && strings.Contains(err.Error(), "shard id") {
+		if err := cluster.CheckID(sc.ID); err != nil {
 			return sc, badInput("SANDGATE_SHARD_ID (--shard-id): %v", err)
 		}
 	}
@@ -58,7 +58,9 @@ func shardConfig(c *cli.Context, cloudRun bool) (appliance.ShardConfig, error) {
 	} else if cloudRun {
 		u, err := cloudRunURL(c.Context)
 		if err != nil {
-			return sc, fmt.Errorf("the service's own URL, for the other shards (set SANDGATE_SHARD_URL to skip asking the metadata server): %w", err)
+			// Alone it needs none; beside others, they cannot send it
+			// requests for its sandboxes (they answer 503 for them).
+			logger.Warn("the service's own URL could not be read from the metadata server: other shards sharing the store cannot forward requests here (set SANDGATE_SHARD_URL)", "err", err)
 		}
 		sc.URL = u
 	}
