@@ -25,6 +25,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"sync"
 	"time"
 
@@ -251,8 +252,8 @@ func (s *Stack) Close() {
 // since a compressed layer hides its bytes.
 func StoreObjects(dir string, each func(name string, content []byte)) error {
 	return filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
-		if err != nil || !d.Type().IsRegular() {
-			return err
+		if err != nil || !d.Type().IsRegular() || strings.HasPrefix(d.Name(), ".") {
+			return err // hidden: the store's lock and temporary files
 		}
 		f, err := os.Open(path)
 		if err != nil {
