@@ -17,10 +17,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/coder/websocket"
 	"github.com/sandgate/sandgate/api"
 	"github.com/sandgate/sandgate/api/client"
 	"github.com/sandgate/sandgate/internal/testkit/gcstest"
 	"github.com/sandgate/sandgate/internal/testkit/servetest"
+	"github.com/sandgate/sandgate/internal/wsconn"
 )
 
 // shardLease is the shards' lease time in these tests: a shard that
@@ -412,8 +414,53 @@ func TestShardsOverOneStore(t *testing.T) {
 	}
 }
 
+// checkTunnels reaches a server on port of sandbox name through shard
+// via: the port tunnel (an Upgrade request, carried raw) and the TCP
+// bridge (a WebSocket), waiting (bounded) for the server to listen.
+func (c *cluster) checkTunnels(via, name string, port int) {
+	c.t.Helper()
+	url := fmt.Sprintf("%s/v1/sandboxes/%s/ports/%d/", c.shards[via].url, name, port)
+	deadline := time.Now().Add(hang)
+	for {
+		req, _ := http.NewRequest("GET", url, nil)
+		req.Header.Set(api.HeaderProtocol, "1")
+		req.Header.Set(api.HeaderToken, c.token)
+		req.Header.Set("Connection", "Upgrade")
+		req.Header.Set("Upgrade", "websocket")
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == 200 && strings.Contains(string(b), "Directory listing") {
+				break
+			}
+			err = fmt.Errorf("%d %.200q", resp.StatusCode, b)
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("the port tunnel to %s:%d via %s: %v", name, port, via, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), hang)
+	defer cancel()
+	ws, _, err := websocket.Dial(ctx, strings.Replace(fmt.Sprintf("%s/v1/sandboxes/%s/tcp/%d", c.shards[via].url, name, port), "http://", "ws://", 1),
+		&websocket.DialOptions{HTTPHeader: http.Header{api.HeaderProtocol: {"1"}, api.HeaderToken: {c.token}}})
+	if err != nil {
+		c.t.Fatalf("the TCP bridge to %s:%d via %s: %v", name, port, via, err)
+	}
+	conn := wsconn.New(ws)
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(hang))
+	fmt.Fprint(conn, "GET / HTTP/1.0\r\n\r\n")
+	if got, err := io.ReadAll(conn); err != nil || !strings.Contains(string(got), "Directory listing") {
+		c.t.Fatalf("the TCP bridge to %s:%d via %s: %v %.200q", name, port, via, err, got)
+	}
+}
+
 // Three shards over one bucket (the Cloud Storage emulator): creates
-// spread, and every shard answers for every sandbox as its owner.
+// spread, every shard answers for every sandbox as its owner (the port
+// tunnel and the TCP bridge included), and a create finds no room only
+// when every shard is full.
 func TestShardsOverOneBucket(t *testing.T) {
 	if ok, why := servetest.CanRun(); !ok {
 		t.Skip(why)
@@ -436,6 +483,15 @@ func TestShardsOverOneBucket(t *testing.T) {
 	if code, body, _ := c.call("b", "POST", "/v1/sandboxes", `{"name":"full"}`); code != 503 {
 		t.Errorf("a create with every shard full: %d %s, want 503", code, body)
 	}
+	// The port tunnel and the TCP bridge, through a shard that forwards.
+	var g0via string
+	for _, id := range []string{"a", "b", "c"} {
+		if id != owner["g0"] {
+			g0via = id
+		}
+	}
+	c.exec(g0via, "g0", "cd /tmp && nohup python3 -m http.server 8000 --bind 127.0.0.1 >/dev/null 2>&1 &")
+	c.checkTunnels(g0via, "g0", 8000)
 	for name, o := range owner {
 		for _, via := range []string{"a", "b", "c"} {
 			if out, _, got := c.exec(via, name, "echo "+name); out != name+"\n" || got != o {

@@ -114,6 +114,15 @@ func New(cfg Config) *Front {
 				}
 			}
 		},
+		// A sandbox suspended or destroyed there is nobody's: its next
+		// request is served where it arrives.
+		ModifyResponse: func(resp *http.Response) error {
+			if r := resp.Request; r != nil && (r.Method == http.MethodDelete && strings.Count(strings.TrimPrefix(r.URL.Path, "/v1/sandboxes/"), "/") == 0 ||
+				r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/suspend")) {
+				f.forget(sandboxOf(r))
+			}
+			return nil
+		},
 		FlushInterval: -1, // exec frames and streams as they come
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			peer := r.Context().Value(peerKey{}).(*url.URL)
