@@ -14,12 +14,13 @@ import (
 	"github.com/sandgate/sandgate/snapshot/store"
 )
 
-// Short leases keep the tests short, yet a renewal may stall for four
-// seconds (fsync on a loaded machine) without fencing a shard; every wait
-// below is bounded by a multiple of them.
+// testLease expires in seconds, for the test that waits for one to, yet a
+// renewal may stall for six (fsync on a loaded machine) without fencing a
+// shard; every wait below is bounded by a multiple of it. The tests that
+// wait for no expiry take the defaults.
 const (
-	testLease = 6 * time.Second
-	testRenew = time.Second
+	testLease = 10 * time.Second
+	testRenew = 2 * time.Second
 )
 
 func stores(t *testing.T) map[string]func(t *testing.T) store.Store {
@@ -71,9 +72,15 @@ type member struct {
 
 func join(t *testing.T, st store.Store, id string) *member {
 	t.Helper()
+	return joinFor(t, st, id, testLease, testRenew)
+}
+
+// joinFor is join with leases of lease, renewed every renew.
+func joinFor(t *testing.T, st store.Store, id string, lease, renew time.Duration) *member {
+	t.Helper()
 	m := &member{part: &partition{Store: st}, fenced: make(chan error, 10), rejoined: make(chan struct{}, 10)}
 	c, err := Open(context.Background(), Config{
-		Store: m.part, ID: id, URL: "http://" + id + ".test", LeaseTime: testLease, Renew: testRenew,
+		Store: m.part, ID: id, URL: "http://" + id + ".test", LeaseTime: lease, Renew: renew,
 		Fenced:   func(err error) { m.fenced <- err },
 		Rejoined: func() { m.rejoined <- struct{}{} },
 		Load:     func() (int, int, []string) { return 1, 2, []string{"x"} },
@@ -213,7 +220,8 @@ func TestLeaseRaceHasOneWinner(t *testing.T) {
 		t.Run(kind, func(t *testing.T) {
 			t.Parallel()
 			st := mk(t)
-			ms := []*member{join(t, st, "a"), join(t, st, "b"), join(t, st, "c")}
+			long := func(id string) *member { return joinFor(t, st, id, DefaultLeaseTime, DefaultRenew) }
+			ms := []*member{long("a"), long("b"), long("c")}
 			for i := range 10 {
 				id := fmt.Sprint("s", i)
 				var wg sync.WaitGroup
