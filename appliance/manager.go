@@ -223,6 +223,7 @@ type box struct {
 	spec     NetworkSpec // what the caller said (running sandboxes)
 	network  Network     // what applies: derived from spec and the rules
 	modules  []ModuleSource
+	sessions sessionTable // its own lock; see manager_sessions.go
 }
 
 func (b *box) getState() State {
@@ -643,6 +644,9 @@ func (m *Manager) Destroy(ctx context.Context, id string) (err error) {
 		if err := m.l.Delete(ctx, id); err != nil && !errors.Is(err, ErrNotFound) {
 			return err
 		}
+	}
+	if err := m.dropSessions(ctx, b); err != nil {
+		return err
 	}
 	rec, err := m.suspended(ctx, id)
 	switch {
