@@ -106,9 +106,10 @@ func (b *Bridge) tooLarge(n int64) error {
 }
 
 // hydrate unpacks a tar (bare, gzip or zstd) into /workspace, over what is
-// there, through the agent's safe extraction: all or nothing, and a tar
-// with absolute names, "..", links out of /workspace or devices is
-// refused whole (400).
+// there, through the agent's safe extraction: all or nothing; a tar with
+// absolute or ".." names, hard links out, devices or set-user-id files is
+// refused whole (400), and an entry below a symbolic link already there
+// replaces the link rather than write through it.
 func (b *Bridge) hydrate(w http.ResponseWriter, r *http.Request) error {
 	id := r.PathValue("id")
 	if r.ContentLength > b.cfg.MaxBody {

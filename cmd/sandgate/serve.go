@@ -249,6 +249,8 @@ func runServe(c *cli.Context) error {
 	}
 	switch {
 	case loopback || c.String("token") != "":
+	case sc.cloudRun && c.String("bridge-key") != "":
+		logger.Warn("SANDBOX_API_KEY without SANDBOX_SERVICE_TOKEN on Cloud Run: bridge clients send the key in Authorization, where IAM's invoker check wants its identity token; if that check is off for them, protocol 1's routes are open: set SANDBOX_SERVICE_TOKEN too")
 	case sc.cloudRun:
 		logger.Info("no service token: relying on Cloud Run's IAM (roles/run.invoker) in front")
 	case c.Bool("allow-open"):
