@@ -1,18 +1,24 @@
 package bridge_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/json"
+	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"regexp"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/getkin/kin-openapi/openapi3"
 	"github.com/getkin/kin-openapi/openapi3filter"
@@ -496,6 +502,7 @@ func TestConformance(t *testing.T) {
 		}
 	}
 	v.call(check{method: "DELETE", spec: "/v1/sandbox/{id}/tunnel/{port}", params: with("port", "8080"), want: 204})
+	upgradeThroughTunnel(t, c, id)
 
 	// Not supported: mount, unmount, the PTY.
 	v.call(check{method: "POST", spec: "/v1/sandbox/{id}/mount", params: P, want: 502,
@@ -581,4 +588,59 @@ http.server.HTTPServer(("127.0.0.1", PORT), H).serve_forever()
 		resp, _ := c.do(c.req("GET", "/v1/sandbox/"+id+"/tunnel/"+strconv.Itoa(port)+"/", nil))
 		return resp.StatusCode == 200
 	})
+}
+
+// upgradeThroughTunnel: an Upgrade request through the tunnel route gets
+// the sandbox's server's 101, and then raw bytes flow both ways.
+func upgradeThroughTunnel(t *testing.T, c *client, id string) {
+	t.Helper()
+	srv := `import socket
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(("127.0.0.1", 8081)); s.listen(4)
+while True:
+    c, _ = s.accept(); head = b""
+    while b"\r\n\r\n" not in head: head += c.recv(4096)
+    c.sendall(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\n")
+    while True:
+        b = c.recv(4096)
+        if not b: break
+        c.sendall(b)
+    c.close()
+`
+	c.must(200, "PUT", "/v1/sandbox/"+id+"/file/workspace/up.py", []byte(srv))
+	resp, err := http.DefaultClient.Do(c.req("POST", "/v1/sandbox/"+id+"/exec", strings.NewReader(`{"argv":["python3","/workspace/up.py"]}`)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	u, _ := url.Parse(c.base)
+	var conn net.Conn
+	var br *bufio.Reader
+	waitFor(t, "the upgrade server in the sandbox", func() bool {
+		if conn != nil {
+			conn.Close()
+		}
+		if conn, err = net.Dial("tcp", u.Host); err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(conn, "GET /v1/sandbox/%s/tunnel/8081/ws HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\n", id, c.key)
+		br = bufio.NewReader(conn)
+		status, _ := br.ReadString('\n')
+		return strings.HasPrefix(status, "HTTP/1.1 101")
+	})
+	defer conn.Close()
+	for {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			t.Fatal(err)
+		}
+		if line == "\r\n" {
+			break
+		}
+	}
+	conn.SetDeadline(time.Now().Add(30 * time.Second))
+	conn.Write([]byte("ping"))
+	buf := make([]byte, 4)
+	if _, err := io.ReadFull(br, buf); err != nil || string(buf) != "ping" {
+		t.Errorf("bytes through the upgraded tunnel: %q %v", buf, err)
+	}
 }
