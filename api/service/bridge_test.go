@@ -263,6 +263,34 @@ func TestBridgeClientRun(t *testing.T) {
 		t.Errorf("the /v1 audit route of %s: %+v", id, auditRoute.Events)
 	}
 
+	// A credential the proxy swaps in for this sandbox (set through /v1 on
+	// the same id) never goes in through the bridge: not in a session's
+	// variables, a file or a command; the placeholder does.
+	r.must(204, "POST", "/v1/sandboxes/"+id+"/transformations", map[string]any{"transformations": []any{map[string]any{
+		"match":     map[string]any{"host": stacktest.UpstreamHost, "headers": []any{map[string]any{"key": map[string]string{"exact": "x-api-key"}, "value": map[string]string{"exact": guardPH}}}},
+		"transform": map[string]any{"headers": map[string]string{"x-api-key": r.canary}},
+	}}})
+	for _, tc := range []struct {
+		what, method, path, body string
+		want                      int
+	}{
+		{"a session's variable", "POST", "/v1/sandbox/" + id + "/session", `{"id":"leak","env":{"KEY":"` + r.canary + `"}}`, 400},
+		{"a file", "PUT", "/v1/sandbox/" + id + "/file/workspace/key.txt", "key=" + r.canary, 400},
+		{"a command", "POST", "/v1/sandbox/" + id + "/exec", `{"argv":["echo","` + r.canary + `"]}`, 400},
+	} {
+		code, out, _ := r.bridgeCall(tc.method, tc.path, []byte(tc.body), false)
+		if code != tc.want || !strings.Contains(string(out), "Credentials stay outside the sandbox") {
+			t.Errorf("the credential in %s: %d %s, want %d and the guard's refusal", tc.what, code, out, tc.want)
+		}
+	}
+	stdout, _, _ = r.bridgeExec(id, []string{"sh", "-c", `curl -sS -H "X-Api-Key: ` + guardPH + `" "$ANTHROPIC_BASE_URL/v1/messages"`})
+	if !strings.Contains(stdout, "key="+guardPH) || strings.Contains(stdout, r.canary) {
+		t.Errorf("the swap through a bridge sandbox (the upstream echoes the key it got, the sandbox sees the placeholder): %q", stdout)
+	}
+	if hits, _ := r.sandboxFilesHolding(r.canary); len(hits) > 0 {
+		t.Errorf("the credential is in the sandbox: %v", hits)
+	}
+
 	// Delete: the pool no longer counts it.
 	r.bridgeMust(204, "DELETE", "/v1/sandbox/"+id, nil)
 	var after bridge.PoolStats
