@@ -138,11 +138,14 @@ func (b *Bridge) tunnel(w http.ResponseWriter, r *http.Request) error {
 		}
 		return err
 	}
-	prefix := "/v1/sandbox/" + id + "/tunnel/" + strconv.Itoa(port)
-	rest, _ := strings.CutPrefix(r.URL.EscapedPath(), prefix)
-	target, err := url.Parse(rest)
-	if err != nil || !strings.HasPrefix(rest, "/") {
-		return invalid("tunnel path %q", rest)
+	// The path on the server in the sandbox, as the caller escaped it
+	// (a %2F stays one); decoded when the caller escaped the prefix too.
+	target := &url.URL{Path: "/" + r.PathValue("rest")}
+	prefix := "/v1/sandbox/" + id + "/tunnel/" + strconv.Itoa(port) + "/"
+	if rest, ok := strings.CutPrefix(r.URL.EscapedPath(), prefix); ok {
+		if u, err := url.Parse("/" + rest); err == nil && u.Path == target.Path {
+			target = u
+		}
 	}
 	var failed error
 	rp := &httputil.ReverseProxy{
