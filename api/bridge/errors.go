@@ -1,6 +1,7 @@
 package bridge
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -115,9 +116,14 @@ func writeError(w http.ResponseWriter, err error, f failure) {
 
 // writeJSON writes a JSON reply.
 func writeJSON(w http.ResponseWriter, code int, v any) {
-	b, err := json.Marshal(v)
-	if err != nil {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false) // messages say <SANDBOX_API_KEY>, not \u003c...
+	var b []byte
+	if err := enc.Encode(v); err != nil {
 		code, b = http.StatusInternalServerError, []byte(`{"error":"encoding the reply failed","code":"invalid_request"}`)
+	} else {
+		b = bytes.TrimSuffix(buf.Bytes(), []byte("\n"))
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
