@@ -272,7 +272,7 @@ func TestBridgeClientRun(t *testing.T) {
 	}}})
 	for _, tc := range []struct {
 		what, method, path, body string
-		want                      int
+		want                     int
 	}{
 		{"a session's variable", "POST", "/v1/sandbox/" + id + "/session", `{"id":"leak","env":{"KEY":"` + r.canary + `"}}`, 400},
 		{"a file", "PUT", "/v1/sandbox/" + id + "/file/workspace/key.txt", "key=" + r.canary, 400},
