@@ -42,11 +42,13 @@ type Description struct {
 	WorkingDirectory string `json:"workingDirectory"`
 }
 
-// Health is GET /health's answer.
+// Health is GET /health's answer. OK is always true: the Cloudflare
+// bridge's health answer ({"ok": true}) in the same body.
 type Health struct {
 	Status   string `json:"status"`
 	Protocol int    `json:"protocol"`
 	Version  string `json:"version"`
+	OK       bool   `json:"ok"`
 }
 
 // Error is the body of every error reply.

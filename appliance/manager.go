@@ -243,7 +243,8 @@ type box struct {
 	recGen int64
 	// saved is when its state was last saved (resumed from, or
 	// checkpointed); zero when never (a new sandbox).
-	saved time.Time
+	saved    time.Time
+	sessions sessionTable // its own lock; see manager_sessions.go
 }
 
 func (b *box) getState() State {
@@ -717,6 +718,9 @@ func (m *Manager) Destroy(ctx context.Context, id string) (err error) {
 		if err := m.l.Delete(ctx, id); err != nil && !errors.Is(err, ErrNotFound) {
 			return err
 		}
+	}
+	if err := m.dropSessions(ctx, b); err != nil {
+		return err
 	}
 	rec, err := m.suspended(ctx, id)
 	switch {

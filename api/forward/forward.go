@@ -117,7 +117,7 @@ func New(cfg Config) *Front {
 		// A sandbox suspended or destroyed there is nobody's: its next
 		// request is served where it arrives.
 		ModifyResponse: func(resp *http.Response) error {
-			if r := resp.Request; r != nil && (r.Method == http.MethodDelete && strings.Count(strings.TrimPrefix(r.URL.Path, "/v1/sandboxes/"), "/") == 0 ||
+			if r := resp.Request; r != nil && (r.Method == http.MethodDelete && strings.Count(strings.TrimPrefix(strings.TrimPrefix(r.URL.Path, "/v1/sandboxes/"), "/v1/sandbox/"), "/") == 0 ||
 				r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/suspend")) {
 				f.forget(sandboxOf(r))
 			}
@@ -136,19 +136,25 @@ func New(cfg Config) *Front {
 	return f
 }
 
-// sandboxOf is the sandbox a request names, "" for none.
+// sandboxOf is the sandbox a request names, "" for none: protocol 1's and
+// sandgate's /v1/sandboxes/{name}/..., and the Cloudflare bridge's
+// /v1/sandbox/{id}/....
 func sandboxOf(r *http.Request) string {
 	rest, ok := strings.CutPrefix(r.URL.Path, "/v1/sandboxes/")
 	if !ok {
-		return ""
+		if rest, ok = strings.CutPrefix(r.URL.Path, "/v1/sandbox/"); !ok {
+			return ""
+		}
 	}
 	name, _, _ := strings.Cut(rest, "/")
 	return name
 }
 
-// isCreate says whether r creates a sandbox (protocol 1's create).
+// isCreate says whether r creates a sandbox (protocol 1's create, or the
+// bridge's).
 func isCreate(r *http.Request) bool {
-	return r.Method == http.MethodPost && strings.TrimSuffix(r.URL.Path, "/") == "/v1/sandboxes"
+	p := strings.TrimSuffix(r.URL.Path, "/")
+	return r.Method == http.MethodPost && (p == "/v1/sandboxes" || p == "/v1/sandbox")
 }
 
 func (f *Front) ServeHTTP(w http.ResponseWriter, r *http.Request) {

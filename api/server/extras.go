@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"net/http"
+	"slices"
 	"strconv"
 	"time"
 
@@ -106,11 +107,19 @@ func (s *Server) setModules(w http.ResponseWriter, r *http.Request) error {
 //go:embed openapi.json
 var openAPIDoc []byte
 
+// OpenAPI is the server's own OpenAPI document: protocol 1's routes and
+// sandgate's /v1.
+func OpenAPI() []byte { return slices.Clone(openAPIDoc) }
+
 func (s *Server) openAPI(w http.ResponseWriter, r *http.Request) error {
+	doc := s.cfg.OpenAPI
+	if doc == nil {
+		doc = openAPIDoc
+	}
 	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Content-Length", strconv.Itoa(len(openAPIDoc)))
+	w.Header().Set("Content-Length", strconv.Itoa(len(doc)))
 	w.WriteHeader(http.StatusOK)
-	w.Write(openAPIDoc)
+	w.Write(doc)
 	return nil
 }
 

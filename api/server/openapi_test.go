@@ -312,7 +312,7 @@ func TestOpenAPISchemasMatchWire(t *testing.T) {
 	schemaCheck(t, doc, "Policy", policy)
 	schemaCheck(t, doc, "Policy", netpolicy.Policy{Mode: netpolicy.AllowAll})
 
-	health := api.Health{Status: "ok", Protocol: api.ProtocolVersion, Version: "v1.2.3"}
+	health := api.Health{Status: "ok", Protocol: api.ProtocolVersion, Version: "v1.2.3", OK: true}
 	allSet(t, health)
 	schemaCheck(t, doc, "Health", health)
 	desc := api.Description{Name: "box", Home: "/home/agent", WorkingDirectory: "/workspace"}

@@ -50,7 +50,7 @@ func TestEveryRequest(t *testing.T) {
 		return resp.StatusCode, b.String(), resp.Header
 	}
 	// /health: no checks, whatever the headers.
-	if code, body, _ := get("/health", map[string]string{api.HeaderProtocol: "2"}); code != 200 || body != `{"status":"ok","protocol":1,"version":"test"}`+"\n" {
+	if code, body, _ := get("/health", map[string]string{api.HeaderProtocol: "2"}); code != 200 || body != `{"status":"ok","protocol":1,"version":"test","ok":true}`+"\n" {
 		t.Errorf("health: %d %q", code, body)
 	}
 	if code, _, _ := r.do("POST", "/health", nil); code != http.StatusMethodNotAllowed {

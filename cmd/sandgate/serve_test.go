@@ -50,6 +50,11 @@ func TestServeRefusesBadSettings(t *testing.T) {
 		{[]string{"SANDGATE_IDLE_SUSPEND=soon"}, "SANDGATE_IDLE_SUSPEND"},
 		{[]string{"SANDGATE_SANDBOX_MEMORY=lots"}, "SANDGATE_SANDBOX_MEMORY"},
 		{[]string{"SANDBOX_ALLOWED_HOSTS=bad host"}, "allowedHosts"},
+		{[]string{"SANDBOX_API_KEY=short"}, "SANDBOX_API_KEY"},
+		{[]string{"SANDBOX_API_KEY=" + strings.Repeat("k", 20), "HOST=0.0.0.0"}, "SANDBOX_API_KEY locks the Cloudflare bridge's routes only"},
+		{[]string{"SANDGATE_BRIDGE_ALLOWED_HOSTS=bad host"}, "SANDGATE_BRIDGE_ALLOWED_HOSTS"},
+		{[]string{"SANDGATE_BRIDGE_BASE_URLS=nokey"}, "SANDGATE_BRIDGE_BASE_URLS"},
+		{[]string{"SANDGATE_BRIDGE_MAX_BODY=huge"}, "SANDGATE_BRIDGE_MAX_BODY"},
 	} {
 		cmd := exec.Command(binary(t), "serve")
 		cmd.Env = serveEnv(t, tc.env...)

@@ -29,6 +29,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sandgate/sandgate/api/bridge"
 	"github.com/sandgate/sandgate/api/server"
 	"github.com/sandgate/sandgate/api/service"
 	"github.com/sandgate/sandgate/appliance"
@@ -76,6 +77,9 @@ type Config struct {
 	// Manager, when set, edits the manager's configuration before the
 	// service starts.
 	Manager func(*appliance.ManagerConfig)
+	// Bridge configures the Cloudflare bridge's routes (its Key, the
+	// network of its sandboxes).
+	Bridge bridge.Config
 }
 
 // Stack is a running stack. Close it when done.
@@ -198,7 +202,7 @@ func Start(cfg Config) (s *Stack, err error) {
 		UpstreamRoots: s.CA.Pool, AuditLog: s.Log, AuditKeep: rings, Modules: cfg.Modules,
 		Store:    st,
 		Launcher: appliance.LauncherConfig{CLI: bin, AgentBinary: bin, StateDir: s.StateDir},
-		Manager:  mc, Server: sc, Logger: s.Logger,
+		Manager:  mc, Server: sc, Bridge: cfg.Bridge, Logger: s.Logger,
 	})
 	if err != nil {
 		return nil, err
