@@ -254,4 +254,6 @@ func (t *terminalIn) refused() error {
 }
 
 // isWebSocket reports whether r asks for a WebSocket.
-func isWebSocket(r *http.Request) bool { return strings.EqualFold(r.Header.Get("Upgrade"), "websocket") }
+func isWebSocket(r *http.Request) bool {
+	return strings.EqualFold(r.Header.Get("Upgrade"), "websocket")
+}
