@@ -26,6 +26,9 @@ func TestHelpText(t *testing.T) {
 			name := path + " " + c.Name
 			for _, f := range c.Flags {
 				line := cli.FlagStringer(f)
+				if strings.Count(line, "(default") > 1 {
+					t.Errorf("%s: %q says its default twice: put it in DefaultText, not the usage", name, line)
+				}
 				if strings.Contains(line, " value\t") {
 					t.Errorf("%s: %q has no placeholder: put one in backquotes in its usage", name, line)
 				}

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -38,6 +39,15 @@ func TestWasmCheck(t *testing.T) {
 	for _, want := range []string{"module: probe\n", "exports: _initialize, handle_request, handle_response", "http_handler.get_header_names", "sandgate.audit_note", "wasi_snapshot_preview1.", "features enabled at start: buffer_request\n", "ok: the proxy would load it\n"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("check output lacks %q:\n%s", want, out)
+		}
+	}
+	// Each import once, sorted (a Go guest imports fd_write twice).
+	for _, line := range strings.Split(out, "\n") {
+		if list, ok := strings.CutPrefix(line, "imports: "); ok {
+			imports := strings.Split(list, ", ")
+			if !slices.IsSorted(imports) || len(slices.Compact(slices.Clone(imports))) != len(imports) {
+				t.Errorf("imports listed out of order or twice: %s", list)
+			}
 		}
 	}
 	dir := t.TempDir()
