@@ -242,9 +242,9 @@ namespace (replacing one of that ID); NAME keeps running. 'sandgate create
 					Action: runTemplateSave,
 				}),
 				remoteCommand(&cli.Command{
-					Name:      "rm",
-					Usage:     "delete templates (sandboxes made from them keep what they need)",
-					ArgsUsage: "ID...",
+					Name:        "rm",
+					Usage:       "delete templates (sandboxes made from them keep what they need)",
+					ArgsUsage:   "ID...",
 					Description: `A template that does not exist fails (exit 1) unless --force.`,
 					Flags:       []cli.Flag{forceFlag()},
 					Action:      runTemplateRm,
