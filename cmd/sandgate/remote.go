@@ -407,13 +407,13 @@ var errMissing = errors.New("missing")
 // eachName applies a verb to every NAME, printing each done, and fails
 // (after trying all) if any failed. A name do reports errMissing fails
 // with what, unless --force.
-func eachName(c *cli.Context, verb, what string, do func(cl *client.Client, name string) error) error {
+func eachName(c *cli.Context, verb, thing, args string, do func(cl *client.Client, name string) error) error {
 	names, err := interspersed(c)
 	if err != nil {
 		return err
 	}
 	if len(names) == 0 {
-		return badInput("%s takes one or more %s", verb, what)
+		return badInput("%s takes one or more %s", verb, args)
 	}
 	cl, err := newRemote(c)
 	if err != nil {
@@ -426,7 +426,7 @@ func eachName(c *cli.Context, verb, what string, do func(cl *client.Client, name
 			if c.Bool("force") {
 				continue
 			}
-			err = fmt.Errorf("%s: no such %s (--force ignores a missing one)", n, strings.TrimSuffix(what, "s"))
+			err = fmt.Errorf("no such %s (--force ignores a missing one)", thing)
 		}
 		if err != nil {
 			fmt.Fprintf(c.App.ErrWriter, "sandgate: %s %s: %v\n", verb, n, err)
@@ -452,7 +452,7 @@ func exists(ctx context.Context, cl *client.Client, name string) (string, error)
 }
 
 func runSuspend(c *cli.Context) error {
-	return eachName(c, "suspend", "sandbox NAMEs", func(cl *client.Client, name string) error {
+	return eachName(c, "suspend", "sandbox", "sandbox NAMEs", func(cl *client.Client, name string) error {
 		state, err := exists(c.Context, cl, name)
 		if err != nil || state == "suspended" {
 			return err
@@ -465,7 +465,7 @@ func runSuspend(c *cli.Context) error {
 }
 
 func runDestroy(c *cli.Context) error {
-	return eachName(c, "destroy", "sandbox NAMEs", func(cl *client.Client, name string) error {
+	return eachName(c, "destroy", "sandbox", "sandbox NAMEs", func(cl *client.Client, name string) error {
 		if _, err := exists(c.Context, cl, name); err != nil {
 			return err
 		}
@@ -628,7 +628,7 @@ func runTemplateLs(c *cli.Context) error {
 }
 
 func runTemplateRm(c *cli.Context) error {
-	return eachName(c, "template rm", "template IDs", func(cl *client.Client, id string) error {
+	return eachName(c, "template rm", "template", "template IDs", func(cl *client.Client, id string) error {
 		ok, err := cl.TemplateExists(c.Context, id)
 		switch {
 		case err != nil:
