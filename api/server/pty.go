@@ -62,6 +62,13 @@ func parsePTYStart(data []byte) (ptyStart, error) {
 	if st.env, _, err = o.strMap("env"); err != nil {
 		return st, err
 	}
+	for k := range st.env {
+		if !envName.MatchString(k) {
+			// Not quoted: a name may be a credential (the guard, which
+			// runs later, names only where it found one).
+			return st, badRequest("env: a variable name is not letters, digits and _, not starting with a digit")
+		}
+	}
 	if st.size, err = o.termSize(); err != nil {
 		return st, err
 	}

@@ -216,6 +216,30 @@ func TestRemoteMissingNames(t *testing.T) {
 	}
 }
 
+// Messages name what to do in the reader's words: flags here, not the Go
+// client's identifiers, and never end in a colon with nothing after it.
+func TestRemoteMessages(t *testing.T) {
+	ctx := testCtx(t)
+	s := remoteService(t)
+	var out, errb bytes.Buffer
+	if code := execute(ctx, newApp(&out, &errb), []string{"sandgate", "list", "--url", s.URL}); code != 1 ||
+		!strings.Contains(errb.String(), "--token or SANDBOX_SERVICE_TOKEN") || strings.Contains(errb.String(), "client.With") {
+		t.Errorf("no token: %d %q", code, errb.String())
+	}
+	code, _, errOut := verb(t, ctx, nil, "create", "--setup", "false")
+	if code != 1 || !strings.Contains(errOut, `setup command "false" exited with 1`) || strings.HasSuffix(strings.TrimSpace(errOut), ":") {
+		t.Errorf("a failed --setup: %d %q", code, errOut)
+	}
+	name := strings.TrimSpace(must(t, "create"))
+	t.Cleanup(func() { verb(t, context.Background(), nil, "rm", "-f", name) })
+	if code, _, errOut := verb(t, ctx, nil, "create", name); code != 1 || !strings.Contains(errOut, "resume it") || strings.Contains(errOut, "Resume it") {
+		t.Errorf("create of a taken name: %d %q", code, errOut)
+	}
+	if code, _, errOut := verb(t, ctx, nil, "create", "--template", "no-such-template"); code != 1 || !strings.Contains(errOut, "no such template") || strings.Contains(errOut, "no such sandbox") {
+		t.Errorf("create from a missing template: %d %q", code, errOut)
+	}
+}
+
 // getJSON is the service's answer to GET path, decoded.
 func getJSON(t *testing.T, path string) any {
 	t.Helper()

@@ -66,6 +66,8 @@ func TestWasmCheck(t *testing.T) {
 		{[]string{filepath.Join(dir, "missing.wasm")}, "cannot read"},
 		{nil, "takes one module FILE"},
 		{[]string{probe, "--wasm-memory-pages", "0"}, "--wasm-memory-pages"},
+		// The cache directory's fix in this CLI's words, not the Go field's.
+		{[]string{probe, "--wasm-cache-dir", "/proc/sandgate-cannot-be-here"}, "--wasm-cache-dir (SANDGATE_WASM_CACHE_DIR): wasm: compilation cache directory"},
 	} {
 		code, _, errOut := runCLI(t, append([]string{"wasm", "check", cache}, tt.args...)...)
 		if code != exitBadInput || !strings.Contains(errOut, tt.want) {
