@@ -397,7 +397,7 @@ func TestRemoteProgressBars(t *testing.T) {
 		verb(t, context.Background(), nil, "rm", "-f", name)
 		verb(t, context.Background(), nil, "template", "rm", "-f", "bar-template")
 	})
-	must(t, "exec", name, "--", "sh", "-c", "mkdir -p tree && for i in 1 2 3; do head -c 4194304 /dev/urandom > tree/f$i; done")
+	must(t, "exec", name, "--", "sh", "-c", "mkdir -p tree && for i in 1 2; do head -c 3145728 /dev/urandom > tree/f$i; done")
 	master, slave := openTestPTY(t, 24, 100)
 	scr := watch(master)
 	onTTY := func(args ...string) {
@@ -424,7 +424,7 @@ func TestRemoteProgressBars(t *testing.T) {
 	}
 	local := filepath.Join(t.TempDir(), "up")
 	os.MkdirAll(local, 0o755)
-	for i := range 3 {
+	for i := range 2 {
 		b := make([]byte, 3<<20)
 		for j := range b {
 			b[j] = byte(i + j)
@@ -433,7 +433,7 @@ func TestRemoteProgressBars(t *testing.T) {
 	}
 	before := len(scr.String())
 	onTTY("cp", local, name+":up")
-	scr.since(t, before, "cp  ", "9.0 MiB", "ETA")
+	scr.since(t, before, "cp  ", "6.0 MiB", "ETA")
 	before = len(scr.String())
 	var out bytes.Buffer
 	app := newApp(&out, slave)
