@@ -34,6 +34,31 @@ const (
 // MaxJSONBody bounds a JSON request body (and exec's first line).
 const MaxJSONBody = 1 << 20
 
+// MediaProgress is the media type a caller accepts (Accept) to be told a
+// long route's progress (suspend, resume, a template's save): the answer
+// is 200 and JSON lines, ProgressLine each.
+const MediaProgress = "application/x-ndjson"
+
+// ProgressLine is one line of a long route's progress: Progress while it
+// runs; last, its outcome: the status the route would have answered, and
+// its body (Result) or its error.
+type ProgressLine struct {
+	Progress *Progress `json:"progress,omitempty"`
+	Status   int       `json:"status,omitempty"`
+	Result   any       `json:"result,omitempty"`
+	Error    string    `json:"error,omitempty"`
+}
+
+// Progress is how far a long route's step has come: "save" (tar bytes
+// packed, of about Total, what the layer takes on disk) or "fetch"
+// (compressed bytes of the snapshot read, of Total). Total is 0 when
+// unknown.
+type Progress struct {
+	Step  string `json:"step"`
+	Bytes int64  `json:"bytes"`
+	Total int64  `json:"total,omitempty"`
+}
+
 // Description is what create and resume answer: the sandbox's name, home
 // and working directory.
 type Description struct {

@@ -29,7 +29,7 @@ import (
 var (
 	// ErrNoTemplate: no template of that name in this service's namespace.
 	// It matches ErrNotFound too.
-	ErrNoTemplate = fmt.Errorf("%w: no such template", ErrNotFound)
+	ErrNoTemplate error = notFound("no such template")
 	// ErrCapacity: the service runs as many sandboxes as it may
 	// (ManagerConfig.MaxRunning); suspend or destroy one first.
 	ErrCapacity = errors.New("no capacity for another running sandbox")
@@ -38,6 +38,15 @@ var (
 	// ErrStore: the snapshot store failed; nothing was changed.
 	ErrStore = errors.New("snapshot store failed")
 )
+
+// notFound is a thing other than a sandbox that is not there: its own
+// words ("no such template", not "no such sandbox: no such template"), and
+// it matches ErrNotFound (and what that matches).
+type notFound string
+
+func (e notFound) Error() string { return string(e) }
+
+func (e notFound) Is(target error) bool { return errors.Is(ErrNotFound, target) }
 
 // State is where a sandbox is in its life.
 type State string

@@ -31,7 +31,7 @@ const (
 // ErrNoProcess: no process of that id in the sandbox (processes are
 // forgotten ManagerConfig.ProcessRetention after they exit). It matches
 // ErrNotFound too.
-var ErrNoProcess = fmt.Errorf("%w: no such process", ErrNotFound)
+var ErrNoProcess error = notFound("no such process")
 
 // running returns sandbox id's live handle, marked in use (done ends
 // that), or ErrNotRunning.

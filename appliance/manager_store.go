@@ -303,6 +303,7 @@ func (m *Manager) exportLayer(ctx context.Context, id string) (io.ReadCloser, er
 func (m *Manager) saveLayer(ctx context.Context, layer io.ReadCloser, key, id string, base *record, index bool) (*snapshot.Manifest, error) {
 	opts := snapshot.SaveOptions{NoClobber: true, PackOptions: snapshot.PackOptions{
 		Compression: snapshot.Zstd, ImageID: m.cfg.ImageID, SandboxID: id, Index: index,
+		Progress: progressOf(ctx, StepSave, func() int64 { return m.l.UpperSize(id) }),
 	}}
 	if base != nil {
 		opts.Parent = base.Digest
@@ -392,7 +393,11 @@ func (m *Manager) fetchLayer(ctx context.Context, key, digest string) (string, f
 	if err != nil {
 		return "", nil, err
 	}
-	if err := copyLayer(file, l, m.l.BareImports()); err != nil {
+	var src io.Reader = l
+	if report := progressOf(ctx, StepFetch, func() int64 { return l.Manifest.Size }); report != nil {
+		src = &progressReader{r: l, report: report}
+	}
+	if err := copyLayer(file, src, m.l.BareImports()); err != nil {
 		cleanup()
 		return "", nil, fmt.Errorf("%w: reading %s: %v", ErrStore, key, err)
 	}
@@ -401,7 +406,7 @@ func (m *Manager) fetchLayer(ctx context.Context, key, digest string) (string, f
 
 // copyLayer writes layer l to file, decompressed when bare. A decompressed
 // layer is still read to its end, so that its digest is checked.
-func copyLayer(file string, l *snapshot.Layer, bare bool) error {
+func copyLayer(file string, l io.Reader, bare bool) error {
 	if !bare {
 		return copyToFile(file, l)
 	}

@@ -187,6 +187,7 @@ const (
 	routeModules        = "PUT /v1/sandboxes/{name}/modules"
 	routeAudit          = "GET /v1/sandboxes/{name}/audit"
 	routeTCP            = "GET /v1/sandboxes/{name}/tcp/{port}"
+	routePTY            = "GET /v1/sandboxes/{name}/pty"
 	routePorts          = "GET /v1/sandboxes/{name}/ports/{port}" // the port tunnel (PortEndpoint)
 )
 
@@ -195,7 +196,7 @@ func Routes() []string {
 	return []string{routeHealth, routeOpenAPI, routeCreate, routeList, routeGet, routeResume, routeSuspend, routeDestroy,
 		routeExec, routeWait, routeOutput, routeKill, routeKillAll, routeAddTransforms, routeSetTransforms, routeNetwork,
 		routeSaveTemplate, routeTemplates, routeTemplate, routeDeleteTemplate, routeFork, routeReadFile, routeWriteFile,
-		routeWorkspaceOut, routeWorkspaceIn, routeModules, routeAudit, routeTCP, routePorts}
+		routeWorkspaceOut, routeWorkspaceIn, routeModules, routeAudit, routeTCP, routePTY, routePorts}
 }
 
 // namePattern is protocol 1's rule for sandbox and template names.
@@ -531,14 +532,14 @@ func (c *Client) errorOf(cl call, resp *http.Response) error {
 	switch {
 	case (resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden) && fromFront:
 		if c.ident == nil {
-			return categorize(ErrAuthentication, se, "the front end of %s refused a call without an identity token: it needs one (Cloud Run IAM): use an identity source (--auth gcloud, or --auth metadata on Google Cloud; client.WithIdentity)", c.base.Host)
+			return categorize(ErrAuthentication, se, "the front end of %s refused a call without an identity token: it needs one (Cloud Run's IAM): give the client an identity source (gcloud's, or the metadata server's on Google Cloud)", c.base.Host)
 		}
-		return categorize(ErrAuthentication, se, "the front end of %s refused the identity token: grant the caller's account roles/run.invoker on the service (gcloud run services add-iam-policy-binding SERVICE --member=user:YOU --role=roles/run.invoker), and check that the token is for this service (--auth)", c.base.Host)
+		return categorize(ErrAuthentication, se, "the front end of %s refused the identity token: grant the caller's account roles/run.invoker on the service (gcloud run services add-iam-policy-binding SERVICE --member=user:YOU --role=roles/run.invoker), and check that the identity token is for this service", c.base.Host)
 	case resp.StatusCode == http.StatusUnauthorized:
 		if c.token == "" {
-			return categorize(ErrAuthentication, se, "the service wants its service token and none was given: give it (--token, SANDBOX_SERVICE_TOKEN; client.WithToken)")
+			return categorize(ErrAuthentication, se, "the service wants its service token and none was given: give the client the service's SANDBOX_SERVICE_TOKEN")
 		}
-		return categorize(ErrAuthentication, se, "the service refused the service token: check it is the service's SANDBOX_SERVICE_TOKEN (--token; client.WithToken)")
+		return categorize(ErrAuthentication, se, "the service refused the service token: check that it is the service's SANDBOX_SERVICE_TOKEN")
 	case resp.StatusCode == http.StatusForbidden:
 		return categorize(ErrAuthentication, se, "the service refused the call: %s", msg)
 	case resp.StatusCode == http.StatusNotImplemented:

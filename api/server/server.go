@@ -160,6 +160,7 @@ func (s *Server) routes() {
 	s.route("PUT /v1/sandboxes/{name}/modules", s.setModules)
 	s.route("GET /v1/sandboxes/{name}/audit", s.audit)
 	s.route("GET /v1/sandboxes/{name}/tcp/{port}", s.tcpBridge)
+	s.route("GET /v1/sandboxes/{name}/pty", s.pty)
 	if s.cfg.Metrics != nil {
 		metrics := promhttp.HandlerFor(s.cfg.Metrics, promhttp.HandlerOpts{})
 		s.route("GET /metrics", func(w http.ResponseWriter, r *http.Request) error { metrics.ServeHTTP(w, r); return nil })
@@ -174,7 +175,7 @@ func (s *Server) Patterns() []string { return append([]string(nil), s.patterns..
 // tunnel, and routes the rest.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set(api.HeaderProtocol, "1")
-	tunnel := r.Header.Get("Upgrade") != "" && !isTCPBridge(r.URL.Path)
+	tunnel := r.Header.Get("Upgrade") != "" && !isWebSocketRoute(r.URL.Path)
 	if r.URL.Path != "/health" || tunnel { // a tunnel has no /health exemption
 		if err := s.check(r); err != nil {
 			if tunnel {

@@ -109,7 +109,7 @@ func TestEnvExact(t *testing.T) {
 		"http_proxy=" + relay,
 		"https_proxy=" + relay,
 		"no_proxy=internal.example,localhost,127.0.0.1",
-		"npm_config_side_effects_cache=false",
+		"pnpm_config_side_effects_cache=false",
 	}
 	slices.Sort(want)
 	if !slices.Equal(got, want) {

@@ -58,6 +58,9 @@ type request struct {
 	// change of the sandbox's network changes between commands.
 	BaseURLs    map[string]string `json:"baseUrls,omitempty"`
 	HasBaseURLs bool              `json:"hasBaseUrls,omitempty"`
+	// TTY, when set, runs the command on a terminal of that size: a PTY
+	// the agent allocates (execPTY).
+	TTY *wireSize `json:"tty,omitempty"`
 
 	// deadline: how long from now the agent lets commands run; when it
 	// passes without a new deadline, it kills every command and starts
@@ -122,6 +125,14 @@ type response struct {
 
 	End  bool      `json:"end,omitempty"`
 	Exit *wireExit `json:"exit,omitempty"`
+	// Size (service → agent, on a terminal's stream) resizes the terminal.
+	Size *wireSize `json:"size,omitempty"`
+}
+
+// wireSize is a terminal's size in character cells.
+type wireSize struct {
+	Rows uint16 `json:"rows"`
+	Cols uint16 `json:"cols"`
 }
 
 // wireError is an error as it crosses the link: a code the client maps to

@@ -68,7 +68,7 @@ Run (IAM in front) or with --allow-open.`,
 			&cli.StringFlag{Name: "allow-private-network", Usage: "`true` makes private addresses reachable (tests; refused on Cloud Run)", EnvVars: []string{"SANDBOX_ALLOW_PRIVATE_NETWORK"}},
 			&cli.StringFlag{Name: "allow-egress", Usage: "refused: sandgate never gives a sandbox a network of its own (`true` would)", EnvVars: []string{"SANDBOX_ALLOW_EGRESS"}},
 			&cli.DurationFlag{Name: "idle-suspend", Value: appliance.DefaultIdleSuspend, Usage: "suspend a sandbox idle (no call, port connection or egress) for `DURATION`; 0 never", EnvVars: []string{"SANDGATE_IDLE_SUSPEND"}},
-			&cli.IntFlag{Name: "max-sandboxes", Usage: "run at most `N` sandboxes at once (default: host memory over --sandbox-memory)", EnvVars: []string{"SANDGATE_MAX_SANDBOXES"}},
+			&cli.IntFlag{Name: "max-sandboxes", Usage: "run at most `N` sandboxes at once", DefaultText: "host memory over --sandbox-memory", EnvVars: []string{"SANDGATE_MAX_SANDBOXES"}},
 			&cli.StringFlag{Name: "sandbox-memory", Value: appliance.DefaultMemoryLimit, Usage: "memory limit of each sandbox, `SIZE` (sandgate sandbox)", EnvVars: []string{"SANDGATE_SANDBOX_MEMORY"}},
 			&cli.IntFlag{Name: "sandbox-pids", Value: appliance.DefaultPidsLimit, Usage: "process limit of each sandbox, `N` (sandgate sandbox)", EnvVars: []string{"SANDGATE_SANDBOX_PIDS"}},
 			&cli.StringFlag{Name: "output-buffer", Value: "8m", Usage: "output of each process kept for resumable streams, `SIZE`", EnvVars: []string{"SANDGATE_OUTPUT_BUFFER"}},
@@ -312,7 +312,6 @@ func runServe(c *cli.Context) error {
 			return badInput("SNAPSHOT_DIRECTORY %s: %v", c.String("snapshot-dir"), err)
 		}
 		st = d
-		go removeStaleUploads(ctx, d, logger)
 	}
 	idle := c.Duration("idle-suspend")
 	if idle == 0 {
@@ -352,6 +351,21 @@ func runServe(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
+	// The store's clean-up runs only once the service stands (a start
+	// that failed closed the store under it: "openat .: file already
+	// closed"), and ends before the service stops.
+	cleaned := make(chan struct{})
+	cctx, stopCleaning := context.WithCancel(ctx)
+	if d, ok := st.(*store.Dir); ok {
+		go func() { defer close(cleaned); removeStaleUploads(cctx, d, logger) }()
+	} else {
+		close(cleaned)
+	}
+	shutdown := func(sctx context.Context) service.ShutdownResult {
+		stopCleaning()
+		<-cleaned
+		return svc.Shutdown(sctx)
+	}
 	served := make(chan error, 1)
 	go func() { served <- svc.Serve(ln) }()
 	shardID, shardURL := svc.Manager.Shard()
@@ -361,7 +375,7 @@ func runServe(c *cli.Context) error {
 
 	select {
 	case err := <-served:
-		svc.Shutdown(context.Background())
+		shutdown(context.Background())
 		return fmt.Errorf("serving: %w", err)
 	case <-ctx.Done():
 	}
@@ -369,7 +383,7 @@ func runServe(c *cli.Context) error {
 	logger.Info("stopping: refusing new requests and saving every running sandbox", "grace", grace.String())
 	gctx, cancel := context.WithTimeoutCause(context.Background(), grace, errors.New("shutdown grace period over"))
 	defer cancel()
-	res := svc.Shutdown(gctx)
+	res := shutdown(gctx)
 	if len(res.Failed) == 0 {
 		logger.Info(fmt.Sprintf("saved %d sandboxes", len(res.Saved)), "saved", res.Saved)
 	}

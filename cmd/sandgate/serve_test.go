@@ -289,3 +289,36 @@ func TestServeRefusesASecondOnItsStateDirectory(t *testing.T) {
 		t.Errorf("sandgate sandbox list beside a serve: %v\n%s", err, out)
 	}
 }
+
+// A start that fails after the store was opened touches nothing in it and
+// says only why it failed: the clean-up of unfinished uploads ran beside
+// the start and, once the start failed and closed the store, logged
+// "openat .: file already closed".
+func TestServeFailedStartLeavesTheStore(t *testing.T) {
+	t.Parallel()
+	env := serveEnv(t, "SANDBOX_DNS=256.1.1.1")
+	var storeDir string
+	for _, e := range env {
+		if v, ok := strings.CutPrefix(e, "SNAPSHOT_DIRECTORY="); ok {
+			storeDir = v
+		}
+	}
+	stale := filepath.Join(storeDir, "snapshots", "sb-1", ".tmp-x.tar.zst-01")
+	os.MkdirAll(filepath.Dir(stale), 0o755)
+	os.WriteFile(stale, []byte("half a layer"), 0o644)
+	long := time.Now().Add(-2 * staleUploadAge)
+	os.Chtimes(stale, long, long)
+	cmd := exec.Command(binary(t), "serve")
+	cmd.Env = env
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != exitBadInput || !strings.Contains(string(out), "SANDBOX_DNS") {
+		t.Errorf("serve with a bad DNS server: %v\n%s", err, out)
+	}
+	if strings.Contains(string(out), "closed") || strings.Count(strings.TrimSpace(string(out)), "\n") > 0 {
+		t.Errorf("a failed start said more than why:\n%s", out)
+	}
+	if _, err := os.Stat(stale); err != nil {
+		t.Errorf("a start that failed cleaned the store: %v", err)
+	}
+}
