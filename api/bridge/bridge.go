@@ -154,7 +154,7 @@ func (b *Bridge) routes() {
 	b.route("/v1/sandbox/{id}/tunnel/{port}/{rest...}", tunnelFailure, b.tunnel)
 	b.route("POST /v1/sandbox/{id}/mount", poolFailure, b.mount)
 	b.route("POST /v1/sandbox/{id}/unmount", poolFailure, b.unmount)
-	b.route("GET /v1/sandbox/{id}/pty", execFailure, b.pty)
+	b.route("GET /v1/sandbox/{id}/pty", termFailure, b.pty)
 	b.route("GET /v1/pool/stats", poolFailure, b.poolStats)
 	b.route("POST /v1/pool/prime", poolFailure, b.poolNoop)
 	b.route("POST /v1/pool/shutdown-prewarmed", poolFailure, b.poolNoop)

@@ -75,6 +75,7 @@ var (
 	hydrateFailure = failure{http.StatusBadGateway, codeArchiveWrite, "hydrate failed: "}
 	persistFailure = failure{http.StatusBadGateway, codeArchiveRead, "persist failed: "}
 	execFailure    = failure{http.StatusBadGateway, codeExecTransport, "exec failed: "}
+	termFailure    = failure{http.StatusBadGateway, codeExecTransport, "terminal failed: "}
 	sessionFailure = failure{http.StatusBadGateway, codeSession, "session failed: "}
 	tunnelFailure  = failure{http.StatusBadGateway, codeTunnel, "tunnel failed: "}
 )

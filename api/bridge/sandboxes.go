@@ -190,17 +190,6 @@ func (b *Bridge) unmount(w http.ResponseWriter, r *http.Request) error {
 	return fail(http.StatusBadGateway, codeUnmount, "unmount failed: No active mount found (sandgate mounts no buckets)")
 }
 
-// pty: the contract's answers without a PTY behind them.
-func (b *Bridge) pty(w http.ResponseWriter, r *http.Request) error {
-	if _, err := sessionHeader(r); err != nil {
-		return err
-	}
-	if !strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
-		return invalid("WebSocket upgrade required")
-	}
-	return fail(http.StatusBadGateway, codeExecTransport, "terminal failed: this sandgate has no PTY for the bridge; run commands with POST /v1/sandbox/{id}/exec")
-}
-
 func (b *Bridge) openAPI(w http.ResponseWriter, r *http.Request) error {
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("X-Ai-Sdk-Sandbox-Protocol", "1") // as every answer of the rest of the service

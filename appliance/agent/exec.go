@@ -323,6 +323,9 @@ type proc struct {
 	pid    int
 	p      *os.Process
 	exited atomic.Bool // the leader was reaped: its pid may be reused
+	// session: it leads a session of its own (a terminal's), whose every
+	// process a SIGKILL reaches, background jobs included.
+	session bool
 }
 
 // signal signals the process group. Once the leader has been reaped, the
@@ -336,6 +339,9 @@ func (p *proc) signal(sig syscall.Signal) error {
 			return &Error{Code: codeDone, Message: fmt.Sprintf("process %d has exited", p.id)}
 		}
 		return fmt.Errorf("signal %d to process group %d: %w", sig, p.pid, err)
+	}
+	if p.session && sig == syscall.SIGKILL {
+		killSession(p.pid)
 	}
 	return nil
 }
@@ -363,7 +369,7 @@ func (t *procTable) start(exe string, args []string, attr *os.ProcAttr) (*proc, 
 		return nil, err
 	}
 	t.next++
-	p := &proc{id: t.next, pid: op.Pid, p: op}
+	p := &proc{id: t.next, pid: op.Pid, p: op, session: attr.Sys != nil && attr.Sys.Setsid}
 	t.byID[p.id] = p
 	t.byPID[p.pid] = p
 	return p, nil
