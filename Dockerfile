@@ -41,15 +41,20 @@ RUN CGO_ENABLED=0 go build -trimpath -buildvcs=false \
 
 FROM ${RUNTIME_IMAGE}
 # What a coding agent expects on its machine. Node.js 24 (and npm) come
-# with the base image.
+# with the base image. Beside them, for `sandgate sandbox` where the image
+# runs sandboxes itself (Kubernetes, deploy/kubernetes): e2fsprogs (mke2fs
+# makes template images) and tini, an init to run serve under where it
+# would be a container's pid 1 (it reaps the sandbox monitors that end
+# there and passes signals on).
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-      ca-certificates curl git procps python3 ripgrep \
+      ca-certificates curl e2fsprogs git procps python3 ripgrep tini \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=build /out/sandgate /usr/local/bin/sandgate
 # Fail the build, not a sandbox, when a tool is missing.
 RUN node --version && npm --version && git --version && rg --version \
- && python3 --version && curl --version && ps --version && sandgate version
+ && python3 --version && curl --version && ps --version && mke2fs -V && tini --version \
+ && sandgate version
 # No USER: Google's sandbox CLI starts sandboxes for a service running as
 # root, and `sandgate sandbox` needs root for its namespaces.
 EXPOSE 8080

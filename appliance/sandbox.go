@@ -78,6 +78,12 @@ type Sandbox struct {
 	portsOpen map[int]int
 
 	baseURLs atomic.Pointer[map[string]string]
+
+	// deadline (unix nanoseconds; 0 none) is until when the service is
+	// sure to own the sandbox: its agent kills every command past it
+	// unless told a later one (setDeadline), and is told again whenever
+	// it restarts.
+	deadline atomic.Int64
 }
 
 // maxAgentStarts bounds how often the agent is restarted in a row without
@@ -210,6 +216,50 @@ func (s *Sandbox) set(c *agent.Client, k *link) {
 	s.cur, s.curLink = c, k
 	close(s.ready)
 	s.mu.Unlock()
+	s.pushDeadline()
+}
+
+// setDeadline tells the agent until when the service is sure to own the
+// sandbox (see Sandbox.deadline). It is no call: it does not keep the
+// sandbox from being idle.
+func (s *Sandbox) setDeadline(until time.Time) {
+	s.deadline.Store(until.UnixNano())
+	s.pushDeadline()
+}
+
+// pushDeadline tells the current agent the deadline, if there is one.
+func (s *Sandbox) pushDeadline() {
+	until := s.deadline.Load()
+	s.mu.Lock()
+	c := s.cur
+	s.mu.Unlock()
+	if until == 0 || c == nil || c.Err() != nil {
+		return
+	}
+	d := max(time.Until(time.Unix(0, until)), time.Millisecond)
+	ctx, cancel := context.WithTimeout(s.ctx, 10*time.Second)
+	defer cancel()
+	if err := c.SetDeadline(ctx, d); err != nil && s.ctx.Err() == nil {
+		s.log.Warn("telling the agent its deadline failed; it keeps the previous one", "err", err)
+	}
+}
+
+// fence stops every command at once, and has the agent start none until
+// a new deadline: the service may no longer own the sandbox.
+func (s *Sandbox) fence(ctx context.Context) {
+	s.deadline.Store(1)
+	s.mu.Lock()
+	c := s.cur
+	s.mu.Unlock()
+	if c == nil || c.Err() != nil {
+		return
+	}
+	if err := c.SetDeadline(ctx, time.Millisecond); err != nil {
+		s.log.Warn("fencing: the agent did not take its deadline; killing its commands", "err", err)
+	}
+	if _, err := c.KillAll(ctx); err != nil {
+		s.log.Warn("fencing: killing the sandbox's commands failed", "err", err)
+	}
 }
 
 // supervise restarts the agent whenever its link drops, until Destroy.
@@ -392,6 +442,19 @@ func (s *Sandbox) client(ctx context.Context) (*agent.Client, error) {
 		case <-time.After(50 * time.Millisecond): // a drop the supervisor has yet to see
 		}
 	}
+}
+
+// quietClient is the live agent link, without counting as a call (the
+// service's own work: checkpoints, deadlines), or an error if there is
+// none right now.
+func (s *Sandbox) quietClient() (*agent.Client, error) {
+	s.mu.Lock()
+	c := s.cur
+	s.mu.Unlock()
+	if c == nil || c.Err() != nil {
+		return nil, fmt.Errorf("sandbox %s: its agent is restarting", s.id)
+	}
+	return c, nil
 }
 
 // Run runs a command in the sandbox and waits for it; see agent.Client.Run.

@@ -120,7 +120,7 @@ run() { unshare --net --mount --pid --fork --mount-proc="$mnt/proc" chroot "$mnt
 out=$(run sandgate version) || fail "sandgate version does not run in the image"
 grep -qx "sandgate version $VERSION" <<<"$out" || fail "sandgate version printed: $out"
 grep -qx "commit $COMMIT" <<<"$out" || fail "sandgate version printed: $out"
-run sh -ec 'node --version; npm --version; git --version; rg --version | head -1; python3 --version; curl --version | head -1; ps --version' \
+run sh -ec 'node --version; npm --version; git --version; rg --version | head -1; python3 --version; curl --version | head -1; ps --version; mke2fs -V; tini --version' \
 	|| fail "a tool is missing from the image"
 # Static: it runs as every sandbox's agent whatever libc the image has.
 run sh -ec 'head -c 4096 /usr/local/bin/sandgate | grep -q "ld-linux" && exit 1 || true' \

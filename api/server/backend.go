@@ -40,6 +40,7 @@ type lifecycleBackend interface {
 // execBackend: commands and their output.
 type execBackend interface {
 	Exec(ctx context.Context, id string, req appliance.ExecRequest) (*appliance.Process, error)
+	OpenTerminal(ctx context.Context, id string, req appliance.TerminalRequest) (*appliance.Terminal, error)
 	Process(id, pid string) (*appliance.Process, error)
 	KillAll(ctx context.Context, id string) error
 }

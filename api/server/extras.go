@@ -4,8 +4,10 @@ import (
 	_ "embed"
 	"encoding/base64"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"time"
 
@@ -124,21 +126,39 @@ func (s *Server) setModules(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	var specs []struct {
-		Name   string `json:"name"`
-		Wasm   string `json:"wasm"`
-		Config string `json:"config"`
+	if err := o.only("modules", "modules"); err != nil {
+		return err
 	}
-	if raw, ok := o["modules"]; !ok || json.Unmarshal(raw, &specs) != nil {
+	var items []json.RawMessage
+	if raw, ok := o["modules"]; !ok || !isJSONArray(raw) || json.Unmarshal(raw, &items) != nil {
 		return badRequest("field \"modules\" must be a list of {name, wasm (base64), config}")
 	}
 	var srcs []appliance.ModuleSource
-	for i, spec := range specs {
-		bin, err := base64.StdEncoding.DecodeString(spec.Wasm)
-		if err != nil || spec.Name == "" {
+	for i, item := range items {
+		mo, err := parseObject(item)
+		if err != nil || !isJSONObject(item) {
+			return badRequest("modules[%d]: want {name, wasm (base64), config}", i)
+		}
+		if err := mo.only(fmt.Sprintf("modules[%d]", i), "name", "wasm", "config"); err != nil {
+			return err
+		}
+		modName, _, err := mo.str("name")
+		if err != nil {
+			return badRequest("modules[%d]: %v", i, err)
+		}
+		wasm, _, err := mo.str("wasm")
+		if err != nil {
+			return badRequest("modules[%d]: %v", i, err)
+		}
+		config, _, err := mo.str("config")
+		if err != nil {
+			return badRequest("modules[%d]: %v", i, err)
+		}
+		bin, err := base64.StdEncoding.DecodeString(wasm)
+		if err != nil || modName == "" || len(bin) == 0 {
 			return badRequest("modules[%d]: want a name and the module's bytes in base64", i)
 		}
-		srcs = append(srcs, appliance.ModuleSource{Name: spec.Name, Wasm: bin, Config: []byte(spec.Config)})
+		srcs = append(srcs, appliance.ModuleSource{Name: modName, Wasm: bin, Config: []byte(config)})
 	}
 	if err := s.b.SetModules(r.Context(), name, srcs); err != nil {
 		return err
@@ -150,11 +170,19 @@ func (s *Server) setModules(w http.ResponseWriter, r *http.Request) error {
 //go:embed openapi.json
 var openAPIDoc []byte
 
+// OpenAPI is the server's own OpenAPI document: protocol 1's routes and
+// sandgate's /v1.
+func OpenAPI() []byte { return slices.Clone(openAPIDoc) }
+
 func (s *Server) openAPI(w http.ResponseWriter, r *http.Request) error {
+	doc := s.cfg.OpenAPI
+	if doc == nil {
+		doc = openAPIDoc
+	}
 	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Content-Length", strconv.Itoa(len(openAPIDoc)))
+	w.Header().Set("Content-Length", strconv.Itoa(len(doc)))
 	w.WriteHeader(http.StatusOK)
-	w.Write(openAPIDoc)
+	w.Write(doc)
 	return nil
 }
 

@@ -3,6 +3,7 @@ package server
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -150,6 +151,17 @@ func (f *fakeBackend) List(ctx context.Context) ([]appliance.Info, error) {
 		out = append(out, f.info(id, f.boxes[id]))
 	}
 	return out, nil
+}
+
+// OpenTerminal: the fake runs no terminal (a Terminal needs an agent); the
+// PTY route's tests run against the real service (api/service).
+func (f *fakeBackend) OpenTerminal(ctx context.Context, id string, req appliance.TerminalRequest) (*appliance.Terminal, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, err := f.box(id, true); err != nil {
+		return nil, err
+	}
+	return nil, fmt.Errorf("%w: the fake backend runs no terminal", errors.ErrUnsupported)
 }
 
 func (f *fakeBackend) Exec(ctx context.Context, id string, req appliance.ExecRequest) (*appliance.Process, error) {

@@ -21,6 +21,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/sandgate/sandgate/api/bridge"
+	"github.com/sandgate/sandgate/api/forward"
 	"github.com/sandgate/sandgate/api/server"
 	"github.com/sandgate/sandgate/appliance"
 	"github.com/sandgate/sandgate/netpolicy"
@@ -67,9 +69,19 @@ type Config struct {
 	// Manager configures the lifecycle; its Launcher, Proxy, Store, Audit,
 	// Modules, Logger and Metrics are the service's.
 	Manager appliance.ManagerConfig
-	// Server configures the HTTP service; its Backend, Metrics and Logger
-	// are the service's.
+	// Server configures the HTTP service; its Backend, Metrics, Logger and
+	// OpenAPI are the service's.
 	Server server.Config
+	// PeerAuth, when set, gives a request forwarded to another shard
+	// this one's credentials for it (on Cloud Run, an identity token for
+	// the peer's URL). The shards themselves are Manager.Shard.
+	PeerAuth func(ctx context.Context, req *http.Request, peerURL string) error
+	// Bridge configures the Cloudflare sandbox bridge's routes
+	// (/v1/sandbox/..., /v1/pool/...): its Key (SANDBOX_API_KEY; without
+	// one they refuse every request), the network of the sandboxes it
+	// starts and its size limit. Its Backend, Agent, Dirs, OpenAPI,
+	// Metrics and Logger are the service's.
+	Bridge bridge.Config
 	// Logger receives the service's events (JSON lines Cloud Logging
 	// reads, or text); nil discards.
 	Logger *slog.Logger
@@ -89,7 +101,13 @@ type Service struct {
 	Launcher *appliance.Launcher
 	Manager  *appliance.Manager
 	Server   *server.Server
-	Metrics  *prometheus.Registry
+	Bridge   *bridge.Bridge
+	// Front sends requests for sandboxes other shards run to them, and
+	// serves the rest: the bridge's routes, then Server's.
+	Front   *forward.Front
+	Metrics *prometheus.Registry
+
+	handler http.Handler
 
 	store store.Store
 	log   *slog.Logger
@@ -160,23 +178,40 @@ func New(ctx context.Context, cfg Config) (_ *Service, err error) {
 	if s.Manager, err = appliance.NewManager(ctx, mc); err != nil {
 		return nil, err
 	}
+	// One OpenAPI document for every route: the bridge's are in it when
+	// they can be used (a key is configured).
+	doc := server.OpenAPI()
+	if cfg.Bridge.Key != "" {
+		if doc, err = bridge.MergeOpenAPI(doc); err != nil {
+			return nil, err
+		}
+	}
 	sc := cfg.Server
-	sc.Backend, sc.Metrics, sc.Logger = s.Manager, s.Metrics, s.log
+	sc.Backend, sc.Metrics, sc.Logger, sc.OpenAPI = s.Manager, s.Metrics, s.log, doc
 	if s.Server, err = server.New(sc); err != nil {
 		return nil, err
 	}
+	bc := cfg.Bridge
+	bc.Backend, bc.Agent, bc.Dirs, bc.OpenAPI, bc.Metrics, bc.Logger = s.Manager, s.Server.AgentConfig, s.Server.Dirs, doc, s.Metrics, s.log
+	if s.Bridge, err = bridge.New(bc); err != nil {
+		return nil, fmt.Errorf("%w: %v", appliance.ErrBadInput, err)
+	}
+	s.Front = forward.New(forward.Config{Locator: s.Manager, Next: s.Bridge.Front(s.Server), Auth: cfg.PeerAuth, Logger: s.log})
+	s.handler = s.Front
 	return s, nil
 }
 
-// Handler is the HTTP service: protocol 1 and sandgate's /v1.
-func (s *Service) Handler() http.Handler { return s.Server }
+// Handler is the HTTP service: protocol 1, sandgate's /v1 and the
+// Cloudflare bridge's routes, forwarded to the shard running the sandbox
+// a request names.
+func (s *Service) Handler() http.Handler { return s.handler }
 
 // Serve serves the HTTP service on ln, as `sandgate serve` does: HTTP/1.1
 // and HTTP/2 without TLS (Cloud Run's front end speaks it to the container
 // when the service uses --use-http2, which lifts its 32 MiB cap on HTTP/1
 // request bodies). It returns http.ErrServerClosed once Shutdown began.
 func (s *Service) Serve(ln net.Listener) error {
-	hs := &http.Server{Handler: s.Server, ReadHeaderTimeout: 30 * time.Second, ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelDebug)}
+	hs := &http.Server{Handler: s.handler, ReadHeaderTimeout: 30 * time.Second, ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelDebug)}
 	hs.Protocols = new(http.Protocols)
 	hs.Protocols.SetHTTP1(true)
 	hs.Protocols.SetUnencryptedHTTP2(true)

@@ -361,6 +361,18 @@ type Cmd struct {
 	// process exits (background processes may hold its stdout); zero
 	// means DefaultWaitDelay.
 	WaitDelay time.Duration
+	// TTY, when set, runs the command on a terminal of this size (a PTY
+	// the agent allocates, the controlling terminal of a session of the
+	// command's own): its stdout and stderr are the terminal's output,
+	// delivered to Stdout; Stdin or StdinPipe is typed into it (its end is
+	// no EOF: a terminal ends when the command does, or is killed);
+	// Process.Resize changes its size. A zero size is the kernel's default.
+	TTY *WinSize
+}
+
+// WinSize is a terminal's size in character cells.
+type WinSize struct {
+	Rows, Cols uint16
 }
 
 // ExitStatus is how a command ended: an exit code, or the signal that
@@ -399,6 +411,7 @@ type Process struct {
 	done   chan struct{}
 	status ExitStatus
 	err    error
+	tty    bool // runs on a terminal (Cmd.TTY)
 }
 
 // Spawn starts a command and returns once it runs. ctx bounds the start
@@ -413,12 +426,15 @@ func (c *Client) Spawn(ctx context.Context, cmd Cmd) (*Process, error) {
 	if cmd.WaitDelay > 0 && req.WaitDelayMS == 0 {
 		req.WaitDelayMS = 1
 	}
+	if cmd.TTY != nil {
+		req.TTY = &wireSize{Rows: cmd.TTY.Rows, Cols: cmd.TTY.Cols}
+	}
 	o, resp, err := c.open(ctx, req)
 	if err != nil {
 		return nil, err
 	}
 	o.stop() // the command outlives ctx
-	p := &Process{ID: resp.ID, PID: resp.PID, c: c, o: o, done: make(chan struct{})}
+	p := &Process{ID: resp.ID, PID: resp.PID, c: c, o: o, done: make(chan struct{}), tty: cmd.TTY != nil}
 	switch {
 	case cmd.Stdin != nil:
 		go stdinCopier{f: o.f, r: cmd.Stdin}.run()
@@ -540,6 +556,20 @@ func (p *Process) Signal(ctx context.Context, sig syscall.Signal) error {
 	return err
 }
 
+// Resize changes the size of the terminal of a command started with
+// Cmd.TTY. It is an error for any other.
+func (p *Process) Resize(size WinSize) error {
+	if !p.tty {
+		return &Error{Op: "exec", Code: codeInvalid, Message: "Resize of a command without a terminal (Cmd.TTY)"}
+	}
+	select {
+	case <-p.done:
+		return &Error{Op: "exec", Code: codeDone, Message: fmt.Sprintf("process %d has exited", p.ID)}
+	default:
+	}
+	return p.o.f.msg(response{Size: &wireSize{Rows: size.Rows, Cols: size.Cols}})
+}
+
 // Kill is Signal(ctx, SIGKILL).
 func (p *Process) Kill(ctx context.Context) error { return p.Signal(ctx, syscall.SIGKILL) }
 
@@ -579,6 +609,33 @@ func (c *Client) Run(ctx context.Context, cmd Cmd) (ExitStatus, error) {
 func (c *Client) KillAll(ctx context.Context) (int, error) {
 	resp, err := c.call(ctx, request{Op: "killall"})
 	return resp.Killed, err
+}
+
+// SetDeadline sets the agent's dead man's switch: if d passes without
+// another SetDeadline, the agent kills every command and starts none until
+// the next one. 0 lifts it. A service sets it to how long it is sure to
+// own the sandbox.
+func (c *Client) SetDeadline(ctx context.Context, d time.Duration) error {
+	ms := d.Milliseconds()
+	if d > 0 && ms == 0 {
+		ms = 1
+	}
+	_, err := c.call(ctx, request{Op: "deadline", DeadlineMS: ms})
+	return err
+}
+
+// Pause stops every command (SIGSTOP) until Continue, or until d passes,
+// when the agent continues them itself; it returns how many it stopped.
+func (c *Client) Pause(ctx context.Context, d time.Duration) (int, error) {
+	ms := max(d.Milliseconds(), 1)
+	resp, err := c.call(ctx, request{Op: "pause", PauseMS: ms})
+	return resp.Killed, err
+}
+
+// Continue continues the commands Pause stopped.
+func (c *Client) Continue(ctx context.Context) error {
+	_, err := c.call(ctx, request{Op: "pause"})
+	return err
 }
 
 // ---- files ----

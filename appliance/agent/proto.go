@@ -58,6 +58,18 @@ type request struct {
 	// change of the sandbox's network changes between commands.
 	BaseURLs    map[string]string `json:"baseUrls,omitempty"`
 	HasBaseURLs bool              `json:"hasBaseUrls,omitempty"`
+	// TTY, when set, runs the command on a terminal of that size: a PTY
+	// the agent allocates (execPTY).
+	TTY *wireSize `json:"tty,omitempty"`
+
+	// deadline: how long from now the agent lets commands run; when it
+	// passes without a new deadline, it kills every command and starts
+	// none until one comes. 0 lifts it.
+	DeadlineMS int64 `json:"deadlineMs,omitempty"`
+
+	// pause: stop every command (SIGSTOP) for at most PauseMS, after which
+	// the agent continues them itself; 0 continues them now.
+	PauseMS int64 `json:"pauseMs,omitempty"`
 
 	// signal, killall
 	ID     uint64 `json:"id,omitempty"`
@@ -134,6 +146,14 @@ type response struct {
 
 	End  bool      `json:"end,omitempty"`
 	Exit *wireExit `json:"exit,omitempty"`
+	// Size (service → agent, on a terminal's stream) resizes the terminal.
+	Size *wireSize `json:"size,omitempty"`
+}
+
+// wireSize is a terminal's size in character cells.
+type wireSize struct {
+	Rows uint16 `json:"rows"`
+	Cols uint16 `json:"cols"`
 }
 
 // wireError is an error as it crosses the link: a code the client maps to
@@ -160,6 +180,7 @@ var knownOps = map[string]bool{
 	"hello": true, "ping": true, "exec": true, "signal": true, "killall": true,
 	"read": true, "write": true, "stat": true, "mkdir": true, "remove": true,
 	"tarin": true, "tarout": true, "dial": true, "egress": true, "fdpass": true,
+	"deadline": true, "pause": true,
 }
 
 // readFrame reads one frame from r into buf (grown as needed) and returns

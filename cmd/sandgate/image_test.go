@@ -190,7 +190,7 @@ func TestImageHoldsNoConfiguration(t *testing.T) {
 			t.Errorf("the runtime stage copies %q: only the binary goes in", t0)
 		}
 	}
-	for _, tool := range []string{"ca-certificates", "curl", "git", "procps", "python3", "ripgrep", "node --version"} {
+	for _, tool := range []string{"ca-certificates", "curl", "e2fsprogs", "git", "procps", "python3", "ripgrep", "tini", "node --version"} {
 		if !strings.Contains(runtime, tool) {
 			t.Errorf("the runtime stage lacks %s", tool)
 		}

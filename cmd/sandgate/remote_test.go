@@ -18,15 +18,19 @@ import (
 	"time"
 
 	"github.com/sandgate/sandgate/api/client"
+	"github.com/sandgate/sandgate/internal/testkit/gobuild"
 	"github.com/sandgate/sandgate/internal/testkit/servetest"
+	"github.com/sandgate/sandgate/transforms/wasm"
 )
 
-// One service for the client verbs' tests, started by the first that
-// needs it and stopped by TestMain.
+// One service for the client verbs' tests (with a module runtime, for
+// the modules verbs), started by the first that needs it and stopped by
+// TestMain.
 var (
-	remoteOnce sync.Once
-	remoteSvc  *servetest.Service
-	remoteErr  error
+	remoteOnce    sync.Once
+	remoteSvc     *servetest.Service
+	remoteModules *wasm.Runtime
+	remoteErr     error
 )
 
 func remoteService(t *testing.T) *servetest.Service {
@@ -34,7 +38,12 @@ func remoteService(t *testing.T) *servetest.Service {
 	if ok, why := servetest.CanRun(); !ok {
 		t.Skip(why)
 	}
-	remoteOnce.Do(func() { remoteSvc, remoteErr = servetest.Start(servetest.Config{}) })
+	remoteOnce.Do(func() {
+		remoteModules, remoteErr = wasm.NewRuntime(context.Background(), wasm.Config{CacheDir: gobuild.WasmCache(t)})
+		if remoteErr == nil {
+			remoteSvc, remoteErr = servetest.Start(servetest.Config{Modules: remoteModules})
+		}
+	})
 	if remoteErr != nil {
 		t.Fatal(remoteErr)
 	}
@@ -44,6 +53,9 @@ func remoteService(t *testing.T) *servetest.Service {
 func closeRemoteService() {
 	if remoteSvc != nil {
 		remoteSvc.Close()
+	}
+	if remoteModules != nil {
+		remoteModules.Close(context.Background())
 	}
 }
 

@@ -16,6 +16,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/sandgate/sandgate/api/bridge"
 	"github.com/sandgate/sandgate/api/server"
 	"github.com/sandgate/sandgate/api/service"
 	"github.com/sandgate/sandgate/appliance"
@@ -67,7 +68,7 @@ Run (IAM in front) or with --allow-open.`,
 			&cli.StringFlag{Name: "allow-private-network", Usage: "`true` makes private addresses reachable (tests; refused on Cloud Run)", EnvVars: []string{"SANDBOX_ALLOW_PRIVATE_NETWORK"}},
 			&cli.StringFlag{Name: "allow-egress", Usage: "refused: sandgate never gives a sandbox a network of its own (`true` would)", EnvVars: []string{"SANDBOX_ALLOW_EGRESS"}},
 			&cli.DurationFlag{Name: "idle-suspend", Value: appliance.DefaultIdleSuspend, Usage: "suspend a sandbox idle (no call, port connection or egress) for `DURATION`; 0 never", EnvVars: []string{"SANDGATE_IDLE_SUSPEND"}},
-			&cli.IntFlag{Name: "max-sandboxes", Usage: "run at most `N` sandboxes at once (default: host memory over --sandbox-memory)", EnvVars: []string{"SANDGATE_MAX_SANDBOXES"}},
+			&cli.IntFlag{Name: "max-sandboxes", Usage: "run at most `N` sandboxes at once", DefaultText: "host memory over --sandbox-memory", EnvVars: []string{"SANDGATE_MAX_SANDBOXES"}},
 			&cli.StringFlag{Name: "sandbox-memory", Value: appliance.DefaultMemoryLimit, Usage: "memory limit of each sandbox, `SIZE` (sandgate sandbox)", EnvVars: []string{"SANDGATE_SANDBOX_MEMORY"}},
 			&cli.IntFlag{Name: "sandbox-pids", Value: appliance.DefaultPidsLimit, Usage: "process limit of each sandbox, `N` (sandgate sandbox)", EnvVars: []string{"SANDGATE_SANDBOX_PIDS"}},
 			&cli.StringFlag{Name: "output-buffer", Value: "8m", Usage: "output of each process kept for resumable streams, `SIZE`", EnvVars: []string{"SANDGATE_OUTPUT_BUFFER"}},
@@ -76,8 +77,12 @@ Run (IAM in front) or with --allow-open.`,
 			&cli.DurationFlag{Name: "audit-flush", Value: 10 * time.Second, Usage: "write a running sandbox's new audit events to the store every `DURATION` (what a crash can lose of them)", EnvVars: []string{"SANDGATE_AUDIT_FLUSH"}},
 			&cli.DurationFlag{Name: "audit-retention", Value: appliance.DefaultAuditRetention, Usage: "keep a sandbox's audit in the store for `DURATION` (a destroy removes it at once); 0 forever", EnvVars: []string{"SANDGATE_AUDIT_RETENTION"}},
 			&cli.StringSliceFlag{Name: "upstream-ca", Usage: "also trust the PEM certificates in `FILE` for upstreams (tests, private CAs); repeatable", EnvVars: []string{"SANDGATE_UPSTREAM_CA"}},
+			&cli.StringFlag{Name: "bridge-key", Usage: "the `KEY` the Cloudflare sandbox bridge's routes (/v1/sandbox, /v1/pool) need as Authorization: Bearer; unset, they refuse every request", EnvVars: []string{"SANDBOX_API_KEY"}},
+			&cli.StringFlag{Name: "bridge-allowed-hosts", Usage: "`HOSTS` the sandboxes the bridge starts may reach, beside --allowed-hosts (comma-separated)", EnvVars: []string{"SANDGATE_BRIDGE_ALLOWED_HOSTS"}},
+			&cli.StringFlag{Name: "bridge-base-urls", Usage: "`NAME=URL,...` base URL variables the sandboxes the bridge starts get, over --base-urls", EnvVars: []string{"SANDGATE_BRIDGE_BASE_URLS"}},
+			&cli.StringFlag{Name: "bridge-max-body", Value: "1g", Usage: "largest file write or hydrate tar the bridge takes, `SIZE`", EnvVars: []string{"SANDGATE_BRIDGE_MAX_BODY"}},
 			&cli.GenericFlag{Name: "transform-module", Value: &moduleSpecs{}, Usage: "apply the WebAssembly module in `FILE[?CONFIG]` to every sandbox's base-URL routes, before its own modules and the credential swap; repeatable"},
-		}, dnsFlags(), wasmRuntimeFlags()),
+		}, shardFlags(), dnsFlags(), wasmRuntimeFlags()),
 		OnUsageError: usageError,
 		Action:       runServe,
 	}
@@ -101,12 +106,37 @@ type serveConfig struct {
 	allowPrivate []netip.Prefix
 	outputBytes  int64
 	memory       string
+	// The Cloudflare bridge's sandboxes' network, and its size limit.
+	bridgeHosts    []string
+	bridgeBaseURLs map[string]string
+	bridgeMaxBody  int64
+}
+
+// parseBaseURLs reads NAME=URL,... of variable name; empty is none.
+func parseBaseURLs(name, value string) (map[string]string, error) {
+	out := map[string]string{}
+	for _, e := range strings.Split(value, ",") {
+		if e = strings.TrimSpace(e); e == "" {
+			continue
+		}
+		k, v, ok := strings.Cut(e, "=")
+		if !ok || strings.TrimSpace(k) == "" {
+			return nil, badInput("%s entry %q: want NAME=URL", name, e)
+		}
+		k, v = strings.TrimSpace(k), strings.TrimSpace(v)
+		if err := agent.CheckBaseURL(k, v); err != nil {
+			return nil, badInput("%s entry %s: %v", name, k, err)
+		}
+		out[k] = v
+	}
+	return out, nil
 }
 
 // checkServe reads and checks serve's settings; a bad one is the
 // caller's mistake, named by its variable.
 func checkServe(c *cli.Context) (*serveConfig, error) {
 	sc := &serveConfig{cloudRun: os.Getenv("K_SERVICE") != ""}
+	var err error
 	if c.Int("port") < 0 || c.Int("port") > 65535 {
 		return nil, badInput("PORT (--port) %d: want 0 to 65535", c.Int("port"))
 	}
@@ -149,21 +179,26 @@ func checkServe(c *cli.Context) (*serveConfig, error) {
 	}
 	sc.baseURLs = agent.DefaultBaseURLs()
 	if c.IsSet("base-urls") {
-		sc.baseURLs = map[string]string{}
-		for _, e := range strings.Split(c.String("base-urls"), ",") {
-			if e = strings.TrimSpace(e); e == "" {
-				continue
-			}
-			k, v, ok := strings.Cut(e, "=")
-			if !ok || strings.TrimSpace(k) == "" {
-				return nil, badInput("SANDBOX_BASE_URLS entry %q: want NAME=URL", e)
-			}
-			k, v = strings.TrimSpace(k), strings.TrimSpace(v)
-			if err := agent.CheckBaseURL(k, v); err != nil {
-				return nil, badInput("SANDBOX_BASE_URLS entry %s: %v", k, err)
-			}
-			sc.baseURLs[k] = v
+		if sc.baseURLs, err = parseBaseURLs("SANDBOX_BASE_URLS", c.String("base-urls")); err != nil {
+			return nil, err
 		}
+	}
+	sc.bridgeHosts = splitAll([]string{c.String("bridge-allowed-hosts")})
+	for _, h := range sc.bridgeHosts {
+		if _, aerr := netip.ParseAddr(strings.Trim(h, "[]")); h != "*" && aerr != nil {
+			if _, err := netpolicy.ParseHostRule(h); err != nil {
+				return nil, badInput("SANDGATE_BRIDGE_ALLOWED_HOSTS (--bridge-allowed-hosts) %q: %v", h, err)
+			}
+		}
+	}
+	if sc.bridgeBaseURLs, err = parseBaseURLs("SANDGATE_BRIDGE_BASE_URLS", c.String("bridge-base-urls")); err != nil {
+		return nil, err
+	}
+	if sc.bridgeMaxBody, err = localbox.ParseSize(c.String("bridge-max-body")); err != nil || sc.bridgeMaxBody <= 0 {
+		return nil, badInput("SANDGATE_BRIDGE_MAX_BODY (--bridge-max-body) %q: want a size such as 1g", c.String("bridge-max-body"))
+	}
+	if k := c.String("bridge-key"); k != "" && (len(k) < bridge.MinKeyLength || strings.TrimSpace(k) != k) {
+		return nil, badInput("SANDBOX_API_KEY (--bridge-key): want %d characters or more, without white space at its ends (a random one: openssl rand -hex 32)", bridge.MinKeyLength)
 	}
 	sc.imageID = c.String("image-id")
 	if sc.imageID == "" {
@@ -222,10 +257,14 @@ func runServe(c *cli.Context) error {
 	}
 	switch {
 	case loopback || c.String("token") != "":
+	case sc.cloudRun && c.String("bridge-key") != "":
+		logger.Warn("SANDBOX_API_KEY without SANDBOX_SERVICE_TOKEN on Cloud Run: bridge clients send the key in Authorization, where IAM's invoker check wants its identity token; if that check is off for them, protocol 1's routes are open: set SANDBOX_SERVICE_TOKEN too")
 	case sc.cloudRun:
 		logger.Info("no service token: relying on Cloud Run's IAM (roles/run.invoker) in front")
 	case c.Bool("allow-open"):
 		logger.Error("LISTENING BEYOND LOOPBACK WITHOUT A SERVICE TOKEN (--allow-open): anyone who reaches " + ln.Addr().String() + " runs commands in your sandboxes")
+	case c.String("bridge-key") != "":
+		return badInput("refusing to listen on %s without a service token: SANDBOX_API_KEY locks the Cloudflare bridge's routes only, and protocol 1's would be open; set SANDBOX_SERVICE_TOKEN too, listen on loopback (HOST=127.0.0.1), or pass --allow-open on a network you trust", ln.Addr())
 	default:
 		return badInput("refusing to listen on %s without a service token: set SANDBOX_SERVICE_TOKEN, listen on loopback (HOST=127.0.0.1), or pass --allow-open on a network you trust", ln.Addr())
 	}
@@ -243,6 +282,11 @@ func runServe(c *cli.Context) error {
 	if err != nil {
 		return badInput("SANDGATE_STATE_DIR (--state-dir): %v", err)
 	}
+	unlock, err := lockStateDir(state)
+	if err != nil {
+		return badInput("SANDGATE_STATE_DIR (--state-dir): %v", err)
+	}
+	defer unlock()
 	lc := appliance.LauncherConfig{
 		CLI: c.String("sandbox-cli"), StateDir: filepath.Join(state, "sandboxes"),
 		Memory: sc.memory, Pids: c.Int("sandbox-pids"), Rootfs: c.String("rootfs"),
@@ -276,11 +320,18 @@ func runServe(c *cli.Context) error {
 			return badInput("SNAPSHOT_DIRECTORY %s: %v", c.String("snapshot-dir"), err)
 		}
 		st = d
-		go removeStaleUploads(ctx, d, logger)
 	}
 	idle := c.Duration("idle-suspend")
 	if idle == 0 {
 		idle = -1
+	}
+	shard, err := shardConfig(c, sc.cloudRun, logger)
+	if err != nil {
+		return err
+	}
+	checkpoints := c.Duration("checkpoint-interval")
+	if checkpoints == 0 {
+		checkpoints = -1
 	}
 	svc, err := service.New(ctx, service.Config{
 		DNSServers: splitAll(c.StringSlice("dns")), AllowPrivate: sc.allowPrivate, UpstreamRoots: roots,
@@ -289,11 +340,17 @@ func runServe(c *cli.Context) error {
 			ImageID: sc.imageID, Version: serveVersion(), WorkDir: filepath.Join(state, "work"), AuditRetention: auditRetention(c.Duration("audit-retention")),
 			MaxRunning: c.Int("max-sandboxes"), IdleSuspend: idle,
 			AllowedHosts: sc.allowedHosts, BaseURLs: sc.baseURLs, OutputBytes: int(sc.outputBytes),
+			Shard: shard, CheckpointInterval: checkpoints,
 		},
+		PeerAuth: peerAuth(sc.cloudRun, logger),
 		Server: server.Config{
 			Token: c.String("token"), LocalOnly: loopback && c.String("token") == "", LocalHosts: splitAll([]string{c.String("local-hostnames")}),
 			Version: serveVersion(), Home: c.String("home"), WorkDir: c.String("workdir"), Path: c.String("path"),
 			EgressPort: c.Int("egress-port"),
+		},
+		Bridge: bridge.Config{
+			Key: c.String("bridge-key"), MaxBody: sc.bridgeMaxBody,
+			Network: appliance.NetworkSpec{AllowedHosts: sc.bridgeHosts, BaseURLs: sc.bridgeBaseURLs},
 		},
 	})
 	if errors.Is(err, appliance.ErrBadInput) {
@@ -302,14 +359,31 @@ func runServe(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
+	// The store's clean-up runs only once the service stands (a start
+	// that failed closed the store under it: "openat .: file already
+	// closed"), and ends before the service stops.
+	cleaned := make(chan struct{})
+	cctx, stopCleaning := context.WithCancel(ctx)
+	if d, ok := st.(*store.Dir); ok {
+		go func() { defer close(cleaned); removeStaleUploads(cctx, d, logger) }()
+	} else {
+		close(cleaned)
+	}
+	shutdown := func(sctx context.Context) service.ShutdownResult {
+		stopCleaning()
+		<-cleaned
+		return svc.Shutdown(sctx)
+	}
 	served := make(chan error, 1)
 	go func() { served <- svc.Serve(ln) }()
+	shardID, shardURL := svc.Manager.Shard()
 	logger.Info("sandgate serving", "addr", ln.Addr().String(), "cli", svc.Launcher.String(), "store", storeName(c), "image_id", sc.imageID,
-		"template_namespace", svc.Manager.Namespace(), "cloud_run", sc.cloudRun, "token", c.String("token") != "")
+		"template_namespace", svc.Manager.Namespace(), "cloud_run", sc.cloudRun, "token", c.String("token") != "",
+		"shard", shardID, "shard_url", shardURL, "cloudflare_bridge", c.String("bridge-key") != "")
 
 	select {
 	case err := <-served:
-		svc.Shutdown(context.Background())
+		shutdown(context.Background())
 		return fmt.Errorf("serving: %w", err)
 	case <-ctx.Done():
 	}
@@ -317,7 +391,7 @@ func runServe(c *cli.Context) error {
 	logger.Info("stopping: refusing new requests and saving every running sandbox", "grace", grace.String())
 	gctx, cancel := context.WithTimeoutCause(context.Background(), grace, errors.New("shutdown grace period over"))
 	defer cancel()
-	res := svc.Shutdown(gctx)
+	res := shutdown(gctx)
 	if len(res.Failed) == 0 {
 		logger.Info(fmt.Sprintf("saved %d sandboxes", len(res.Saved)), "saved", res.Saved)
 	}

@@ -51,6 +51,11 @@ func TestServeRefusesBadSettings(t *testing.T) {
 		{[]string{"SANDGATE_IDLE_SUSPEND=soon"}, "SANDGATE_IDLE_SUSPEND"},
 		{[]string{"SANDGATE_SANDBOX_MEMORY=lots"}, "SANDGATE_SANDBOX_MEMORY"},
 		{[]string{"SANDBOX_ALLOWED_HOSTS=bad host"}, "allowedHosts"},
+		{[]string{"SANDBOX_API_KEY=short"}, "SANDBOX_API_KEY"},
+		{[]string{"SANDBOX_API_KEY=" + strings.Repeat("k", 20), "HOST=0.0.0.0"}, "SANDBOX_API_KEY locks the Cloudflare bridge's routes only"},
+		{[]string{"SANDGATE_BRIDGE_ALLOWED_HOSTS=bad host"}, "SANDGATE_BRIDGE_ALLOWED_HOSTS"},
+		{[]string{"SANDGATE_BRIDGE_BASE_URLS=nokey"}, "SANDGATE_BRIDGE_BASE_URLS"},
+		{[]string{"SANDGATE_BRIDGE_MAX_BODY=huge"}, "SANDGATE_BRIDGE_MAX_BODY"},
 	} {
 		cmd := exec.Command(binary(t), "serve")
 		cmd.Env = serveEnv(t, tc.env...)
@@ -339,5 +344,63 @@ func TestServeRemovesUnfinishedUploads(t *testing.T) {
 	}
 	if _, err := os.Stat(fresh); err != nil {
 		t.Errorf("serve removed a temporary file a put may still be writing: %v", err)
+	}
+}
+
+// A second serve on the state directory of a running one refuses to
+// start, naming the holder; the sandbox CLI's own commands keep working.
+func TestServeRefusesASecondOnItsStateDirectory(t *testing.T) {
+	t.Parallel() // processes of their own, waiting more than working
+	if os.Geteuid() != 0 {
+		t.Skip("sandboxes need root (namespaces, overlayfs, cgroups): run the tests as root")
+	}
+	env := serveEnv(t, "LOG_FORMAT=text")
+	var log bytes.Buffer
+	_, first := startServe(t, env, &log)
+	cmd := exec.Command(binary(t), "serve")
+	cmd.Env = env
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	want := fmt.Sprintf("in use by sandgate serve (pid %d)", first.Process.Pid)
+	if !(errors.As(err, &ee) && ee.ExitCode() == exitBadInput) || !strings.Contains(string(out), want) {
+		t.Errorf("a second serve on the same state directory: %v\n%s\nwant exit 2 saying %q", err, out, want)
+	}
+	ls := exec.Command(binary(t), "sandbox", "list")
+	ls.Env = env
+	if out, err := ls.CombinedOutput(); err != nil {
+		t.Errorf("sandgate sandbox list beside a serve: %v\n%s", err, out)
+	}
+}
+
+// A start that fails after the store was opened touches nothing in it and
+// says only why it failed: the clean-up of unfinished uploads ran beside
+// the start and, once the start failed and closed the store, logged
+// "openat .: file already closed".
+func TestServeFailedStartLeavesTheStore(t *testing.T) {
+	t.Parallel()
+	env := serveEnv(t, "SANDBOX_DNS=256.1.1.1")
+	var storeDir string
+	for _, e := range env {
+		if v, ok := strings.CutPrefix(e, "SNAPSHOT_DIRECTORY="); ok {
+			storeDir = v
+		}
+	}
+	stale := filepath.Join(storeDir, "snapshots", "sb-1", ".tmp-x.tar.zst-01")
+	os.MkdirAll(filepath.Dir(stale), 0o755)
+	os.WriteFile(stale, []byte("half a layer"), 0o644)
+	long := time.Now().Add(-2 * staleUploadAge)
+	os.Chtimes(stale, long, long)
+	cmd := exec.Command(binary(t), "serve")
+	cmd.Env = env
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != exitBadInput || !strings.Contains(string(out), "SANDBOX_DNS") {
+		t.Errorf("serve with a bad DNS server: %v\n%s", err, out)
+	}
+	if strings.Contains(string(out), "closed") || strings.Count(strings.TrimSpace(string(out)), "\n") > 0 {
+		t.Errorf("a failed start said more than why:\n%s", out)
+	}
+	if _, err := os.Stat(stale); err != nil {
+		t.Errorf("a start that failed cleaned the store: %v", err)
 	}
 }

@@ -9,13 +9,29 @@ variable "region" {
 }
 
 variable "service_name" {
-  description = "The Cloud Run service's name."
+  description = "The Cloud Run service's name; with shards, the first shard's (the others add -1, -2, ...)."
+  type        = string
+  default     = "sandgate"
+}
+
+variable "shards" {
+  description = "How many shards: Cloud Run services of one instance each, over the one bucket, each running its own sandboxes. Any shard answers any request; give protocol 1's clients any one URL, the Go client all of them (output urls)."
+  type        = number
+  default     = 1
+  validation {
+    condition     = var.shards >= 1 && floor(var.shards) == var.shards
+    error_message = "shards is a whole number, 1 or more."
+  }
+}
+
+variable "repository" {
+  description = "The Artifact Registry repository Terraform makes for the image (REGION-docker.pkg.dev/PROJECT/REPOSITORY)."
   type        = string
   default     = "sandgate"
 }
 
 variable "image" {
-  description = "The image to run, by digest: REGION-docker.pkg.dev/PROJECT/REPO/sandgate@sha256:... (yours, built FROM sandgate's, if you add tools)."
+  description = "The image to run, by digest: REGION-docker.pkg.dev/PROJECT/REPOSITORY/sandgate@sha256:... (yours, built FROM sandgate's, if you add tools), pushed to the repository after the first apply (README.md)."
   type        = string
   validation {
     condition     = can(regex("@sha256:[0-9a-f]{64}$", var.image))
@@ -35,31 +51,31 @@ variable "template_max_age_days" {
 }
 
 variable "cpu" {
-  description = "CPUs of the instance (Cloud Run needs more CPUs for more memory)."
+  description = "CPUs of each shard's instance (Cloud Run needs more CPUs for more memory)."
   type        = string
   default     = "4"
 }
 
 variable "memory" {
-  description = "Memory of the instance: about 1 GiB per running agent sandbox, plus about 1 GiB for sandgate and the layers passing through /tmp."
+  description = "Memory of each shard's instance: about 1 GiB per running agent sandbox, plus about 1 GiB for sandgate and the layers passing through its state directory (memory on Cloud Run)."
   type        = string
   default     = "8Gi"
 }
 
 variable "concurrency" {
-  description = "Requests at once on the instance: every exec stream, wait and port tunnel of every session is one."
+  description = "Requests at once on each shard's instance: every exec stream, wait and port tunnel of every session is one, and so is every request a shard forwards to another."
   type        = number
   default     = 250
 }
 
 variable "min_instances" {
-  description = "0 lets Cloud Run stop the idle instance (sandgate saves its sandboxes first); 1 keeps it."
+  description = "Per shard: 0 lets Cloud Run stop an idle shard's instance (sandgate saves its sandboxes and releases their leases first); 1 keeps it."
   type        = number
   default     = 0
 }
 
 variable "env" {
-  description = "More of the service's settings (protocol 1's SANDBOX_ALLOWED_HOSTS, SANDBOX_BASE_URLS, ..., and sandgate's own). Never SANDBOX_ALLOW_PRIVATE_NETWORK or SANDBOX_ALLOW_PRIVATE: sandgate refuses them on Cloud Run."
+  description = "More of the service's settings (protocol 1's SANDBOX_ALLOWED_HOSTS, SANDBOX_BASE_URLS, ..., and sandgate's own: SANDGATE_LEASE_TIME, SANDGATE_LEASE_RENEW, SANDGATE_CHECKPOINT_INTERVAL, ...), the same in every shard. Never SANDBOX_ALLOW_PRIVATE_NETWORK or SANDBOX_ALLOW_PRIVATE: sandgate refuses them on Cloud Run."
   type        = map(string)
   default     = {}
 }
@@ -71,7 +87,7 @@ variable "token_secret_id" {
 }
 
 variable "invokers" {
-  description = "Who may call the service (roles/run.invoker), e.g. [\"serviceAccount:my-app@PROJECT.iam.gserviceaccount.com\"]."
+  description = "Who may call the service, every shard of it (roles/run.invoker), e.g. [\"serviceAccount:my-app@PROJECT.iam.gserviceaccount.com\"]."
   type        = list(string)
   default     = []
 }

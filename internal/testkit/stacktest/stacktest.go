@@ -25,9 +25,11 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"sync"
 	"time"
 
+	"github.com/sandgate/sandgate/api/bridge"
 	"github.com/sandgate/sandgate/api/server"
 	"github.com/sandgate/sandgate/api/service"
 	"github.com/sandgate/sandgate/appliance"
@@ -76,6 +78,9 @@ type Config struct {
 	// Manager, when set, edits the manager's configuration before the
 	// service starts.
 	Manager func(*appliance.ManagerConfig)
+	// Bridge configures the Cloudflare bridge's routes (its Key, the
+	// network of its sandboxes).
+	Bridge bridge.Config
 }
 
 // Stack is a running stack. Close it when done.
@@ -194,7 +199,7 @@ func Start(cfg Config) (s *Stack, err error) {
 		UpstreamRoots: s.CA.Pool, AuditLog: s.Log, AuditFlush: cfg.AuditFlush, Modules: cfg.Modules,
 		Store:    st,
 		Launcher: appliance.LauncherConfig{CLI: bin, AgentBinary: bin, StateDir: s.StateDir},
-		Manager:  mc, Server: sc, Logger: s.Logger,
+		Manager:  mc, Server: sc, Bridge: cfg.Bridge, Logger: s.Logger,
 	})
 	if err != nil {
 		return nil, err
@@ -248,8 +253,8 @@ func (s *Stack) Close() {
 // since a compressed layer hides its bytes.
 func StoreObjects(dir string, each func(name string, content []byte)) error {
 	return filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
-		if err != nil || !d.Type().IsRegular() {
-			return err
+		if err != nil || !d.Type().IsRegular() || strings.HasPrefix(d.Name(), ".") {
+			return err // hidden: the store's lock and temporary files
 		}
 		f, err := os.Open(path)
 		if err != nil {
