@@ -21,10 +21,43 @@ const (
 	// HeaderLayerDigest is the sha256 of a workspace tar, as a trailer
 	// of the response that streams it ("sha256:<hex>").
 	HeaderLayerDigest = "X-Sandgate-Sha256"
+	// HeaderOwner names the shard (its URL, or its id when it has none)
+	// that runs a sandbox, on every answer about one when several
+	// services share a store: a client sends the sandbox's next calls
+	// there.
+	HeaderOwner = "X-Sandgate-Owner"
+	// HeaderForwarded marks a request one shard sent another (its value
+	// the sender's id): served where it arrives, never forwarded again.
+	HeaderForwarded = "X-Sandgate-Forwarded"
 )
 
 // MaxJSONBody bounds a JSON request body (and exec's first line).
 const MaxJSONBody = 1 << 20
+
+// MediaProgress is the media type a caller accepts (Accept) to be told a
+// long route's progress (suspend, resume, a template's save): the answer
+// is 200 and JSON lines, ProgressLine each.
+const MediaProgress = "application/x-ndjson"
+
+// ProgressLine is one line of a long route's progress: Progress while it
+// runs; last, its outcome: the status the route would have answered, and
+// its body (Result) or its error.
+type ProgressLine struct {
+	Progress *Progress `json:"progress,omitempty"`
+	Status   int       `json:"status,omitempty"`
+	Result   any       `json:"result,omitempty"`
+	Error    string    `json:"error,omitempty"`
+}
+
+// Progress is how far a long route's step has come: "save" (tar bytes
+// packed, of about Total, what the layer takes on disk) or "fetch"
+// (compressed bytes of the snapshot read, of Total). Total is 0 when
+// unknown.
+type Progress struct {
+	Step  string `json:"step"`
+	Bytes int64  `json:"bytes"`
+	Total int64  `json:"total,omitempty"`
+}
 
 // Description is what create and resume answer: the sandbox's name, home
 // and working directory.
@@ -34,11 +67,13 @@ type Description struct {
 	WorkingDirectory string `json:"workingDirectory"`
 }
 
-// Health is GET /health's answer.
+// Health is GET /health's answer. OK is always true: the Cloudflare
+// bridge's health answer ({"ok": true}) in the same body.
 type Health struct {
 	Status   string `json:"status"`
 	Protocol int    `json:"protocol"`
 	Version  string `json:"version"`
+	OK       bool   `json:"ok"`
 }
 
 // Error is the body of every error reply.
@@ -76,6 +111,9 @@ type Sandbox struct {
 	Modules []Module `json:"modules,omitempty"`
 	Home    string   `json:"home"`
 	WorkDir string   `json:"workingDirectory"`
+	// Shard is the shard running it, when several services share one
+	// store (running sandboxes).
+	Shard string `json:"shard,omitempty"`
 }
 
 // Module describes one of a sandbox's own WebAssembly modules: its name,

@@ -75,3 +75,27 @@ func TestOneSentinelEach(t *testing.T) {
 		}
 	}
 }
+
+// A missing template or process says so in its own words, not "no such
+// sandbox: no such template", and still matches ErrNotFound.
+func TestNotFoundOfOtherThingsSaysWhat(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want string
+	}{
+		{fmt.Errorf("%w: %q (namespace ns)", ErrNoTemplate, "tool"), `no such template: "tool" (namespace ns)`},
+		{fmt.Errorf("%w: %q in sandbox %q", ErrNoProcess, "p1", "box"), `no such process: "p1" in sandbox "box"`},
+	} {
+		if tc.err.Error() != tc.want {
+			t.Errorf("got %q, want %q", tc.err, tc.want)
+		}
+		for _, target := range []error{ErrNotFound, fs.ErrNotExist} {
+			if !errors.Is(tc.err, target) {
+				t.Errorf("%v does not match %v", tc.err, target)
+			}
+		}
+	}
+	if errors.Is(ErrNoTemplate, ErrNoProcess) || errors.Is(ErrNotFound, ErrNoTemplate) {
+		t.Errorf("the sentinels match each other")
+	}
+}

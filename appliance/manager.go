@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sandgate/sandgate/appliance/agent"
+	"github.com/sandgate/sandgate/appliance/cluster"
 	"github.com/sandgate/sandgate/appliance/sandboxcli"
 	"github.com/sandgate/sandgate/netpolicy"
 	"github.com/sandgate/sandgate/relay"
@@ -28,7 +29,7 @@ import (
 var (
 	// ErrNoTemplate: no template of that name in this service's namespace.
 	// It matches ErrNotFound too.
-	ErrNoTemplate = fmt.Errorf("%w: no such template", ErrNotFound)
+	ErrNoTemplate error = notFound("no such template")
 	// ErrCapacity: the service runs as many sandboxes as it may
 	// (ManagerConfig.MaxRunning); suspend or destroy one first.
 	ErrCapacity = errors.New("no capacity for another running sandbox")
@@ -37,6 +38,15 @@ var (
 	// ErrStore: the snapshot store failed; nothing was changed.
 	ErrStore = errors.New("snapshot store failed")
 )
+
+// notFound is a thing other than a sandbox that is not there: its own
+// words ("no such template", not "no such sandbox: no such template"), and
+// it matches ErrNotFound (and what that matches).
+type notFound string
+
+func (e notFound) Error() string { return string(e) }
+
+func (e notFound) Is(target error) bool { return errors.Is(ErrNotFound, target) }
 
 // State is where a sandbox is in its life.
 type State string
@@ -89,13 +99,26 @@ type ManagerConfig struct {
 	// Modules compiles sandboxes' own WebAssembly transform modules
 	// (SetModules); nil means the service runs none.
 	Modules *wasm.Runtime
-	// Audit keeps each sandbox's egress decisions (the proxy records them
-	// there); nil means none are kept.
-	Audit *audit.Rings
+	// Audit keeps each running sandbox's egress decisions (the proxy
+	// records them there, the manager opens and seals each sandbox's) and
+	// writes them to Store beside its record (AuditStore, which Audit's
+	// Writer must be); nil means none are kept.
+	Audit *audit.Journals
+	// AuditRetention is how long a sandbox's audit segments stay in the
+	// store, whatever becomes of the sandbox (a destroy removes them at
+	// once); 0 means DefaultAuditRetention, negative forever.
+	AuditRetention time.Duration
 	// Logger receives one event per operation; nil discards.
 	Logger *slog.Logger
 	// Metrics, when set, registers the lifecycle's metrics.
 	Metrics prometheus.Registerer
+	// Shard is this service's membership of the shards sharing the store:
+	// a sandbox runs on at most one of them, the one holding its lease.
+	Shard ShardConfig
+	// CheckpointInterval is how often a running sandbox that changed is
+	// saved as it runs (Checkpoint): what a crash of the service loses;
+	// 0 means DefaultCheckpointInterval, negative never.
+	CheckpointInterval time.Duration
 }
 
 // Defaults of ManagerConfig.
@@ -174,6 +197,9 @@ type Info struct {
 	// OpenPorts the ports with a connection open now (running ones).
 	Modules   []ModuleInfo `json:"modules,omitempty"`
 	OpenPorts []int        `json:"openPorts,omitempty"`
+	// Shard is the shard it runs on (running sandboxes): this service's,
+	// or another sharing the store, which alone knows the rest of it.
+	Shard string `json:"shard,omitempty"`
 }
 
 // Manager owns every sandbox of a service: it creates, resumes, suspends,
@@ -183,6 +209,7 @@ type Info struct {
 // parallel, and no lock is held across I/O but the id's own.
 type Manager struct {
 	cfg   ManagerConfig
+	c     *cluster.Cluster
 	l     *Launcher
 	proxy *relay.Proxy
 	st    store.Store
@@ -203,8 +230,17 @@ type Manager struct {
 	tlocks   map[string]*nameLock // per template name
 	imported map[string]bool      // templates `sandgate sandbox` holds
 
-	stop     context.CancelFunc // ends the idle loop
-	loopDone chan struct{}
+	stop      context.CancelFunc // ends the idle, audit and checkpoint loops
+	loopDone  chan struct{}
+	auditDone chan struct{}  // nil without an audit
+	loops     sync.WaitGroup // the checkpoint loop
+
+	audits *AuditStore
+	// started is closed (and replaced) whenever a sandbox starts running:
+	// what an audit stream waiting for a suspended sandbox waits on;
+	// closing is closed by Close, which ends such waits.
+	started chan struct{}
+	closing chan struct{}
 }
 
 // box is the manager's record of one id. sem serialises operations on it;
@@ -223,6 +259,15 @@ type box struct {
 	spec     NetworkSpec // what the caller said (running sandboxes)
 	network  Network     // what applies: derived from spec and the rules
 	modules  []ModuleSource
+	// lease is the sandbox's lease, held while it runs here; recGen the
+	// generation of its record as this service last read or wrote it (0:
+	// none), which its next write must find (fencing).
+	lease  *cluster.Lease
+	recGen int64
+	// saved is when its state was last saved (resumed from, or
+	// checkpointed); zero when never (a new sandbox).
+	saved    time.Time
+	sessions sessionTable // its own lock; see manager_sessions.go
 }
 
 func (b *box) getState() State {
@@ -254,6 +299,9 @@ func NewManager(ctx context.Context, cfg ManagerConfig) (*Manager, error) {
 	if cfg.IdleSuspend == 0 {
 		cfg.IdleSuspend = DefaultIdleSuspend
 	}
+	if cfg.CheckpointInterval == 0 {
+		cfg.CheckpointInterval = DefaultCheckpointInterval
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -272,6 +320,9 @@ func NewManager(ctx context.Context, cfg ManagerConfig) (*Manager, error) {
 	if cfg.ProcessRetention <= 0 {
 		cfg.ProcessRetention = DefaultProcessRetention
 	}
+	if cfg.AuditRetention == 0 {
+		cfg.AuditRetention = DefaultAuditRetention
+	}
 	work := cfg.WorkDir
 	if work == "" {
 		work = os.TempDir()
@@ -286,13 +337,25 @@ func NewManager(ctx context.Context, cfg ManagerConfig) (*Manager, error) {
 		met:   newMetrics(cfg.Metrics),
 		boxes: map[string]*box{}, baseRefs: map[string]int{},
 		tlocks: map[string]*nameLock{}, imported: map[string]bool{},
+		audits: NewAuditStore(cfg.Store), started: make(chan struct{}), closing: make(chan struct{}),
+	}
+	if err := m.joinShards(ctx); err != nil {
+		return nil, err
 	}
 	if _, err := m.Recover(ctx); err != nil {
+		m.c.Close(context.WithoutCancel(ctx))
 		return nil, err
 	}
 	loopCtx, stop := context.WithCancel(context.Background())
 	m.stop, m.loopDone = stop, make(chan struct{})
 	go m.idleLoop(loopCtx)
+	if cfg.Audit != nil {
+		m.auditDone = make(chan struct{})
+		go m.auditLoop(loopCtx)
+	}
+	if cfg.CheckpointInterval > 0 {
+		m.loops.Go(func() { m.checkpointLoop(loopCtx) })
+	}
 	return m, nil
 }
 
@@ -325,6 +388,11 @@ func (m *Manager) acquire(ctx context.Context, id string) (*box, func(), error) 
 	case <-ctx.Done():
 		unref()
 		return nil, nil, fmt.Errorf("sandbox %s: waiting for the operation in progress on it: %w", id, context.Cause(ctx))
+	}
+	if err := m.c.Valid(); errors.Is(err, cluster.ErrFenced) {
+		<-b.sem
+		unref()
+		return nil, nil, fmt.Errorf("sandbox %s: %w; it rejoins within seconds once the store answers", id, ErrFenced)
 	}
 	return b, func() { <-b.sem; unref() }, nil
 }
@@ -370,6 +438,9 @@ func (m *Manager) unreserve() {
 // A sandbox not running (suspended, unknown, or in the middle of a
 // suspend) is ErrNotRunning.
 func (m *Manager) Sandbox(id string) (*Sandbox, error) {
+	if err := m.c.Valid(); errors.Is(err, cluster.ErrFenced) {
+		return nil, fmt.Errorf("sandbox %s: %w; it rejoins within seconds once the store answers", id, ErrFenced)
+	}
 	m.mu.Lock()
 	b := m.boxes[id]
 	m.mu.Unlock()
@@ -397,12 +468,24 @@ func (m *Manager) Create(ctx context.Context, id string, opts CreateOptions) (sb
 	if b.getState() != "" {
 		return nil, fmt.Errorf("%w: sandbox %q is %s", ErrExists, id, b.getState())
 	}
+	if err := opts.Network.check(); err != nil {
+		return nil, err
+	}
+	if err := m.takeLease(ctx, b); err != nil {
+		var held *cluster.HeldError
+		if errors.As(err, &held) {
+			return nil, fmt.Errorf("%w: sandbox %q runs on shard %s", ErrExists, id, held.Shard.ID)
+		}
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			m.releaseLease(ctx, b)
+		}
+	}()
 	if _, err := m.suspended(ctx, id); err == nil {
 		return nil, fmt.Errorf("%w: sandbox %q is suspended (resume it, or destroy it first)", ErrExists, id)
 	} else if !errors.Is(err, store.ErrNotFound) {
-		return nil, err
-	}
-	if err := opts.Network.check(); err != nil {
 		return nil, err
 	}
 	network, err := m.effectiveNetwork(opts.Network, opts.Rules)
@@ -418,7 +501,7 @@ func (m *Manager) Create(ctx context.Context, id string, opts CreateOptions) (sb
 	if err := m.reserve(); err != nil {
 		return nil, err
 	}
-	b.created, b.template, b.spec, b.network = time.Now().UTC(), opts.Template, opts.Network, network
+	b.created, b.template, b.spec, b.network, b.saved = time.Now().UTC(), opts.Template, opts.Network, network, time.Time{}
 	b.modules = cloneSources(opts.Modules)
 	m.setBase(b, base)
 	sb, err = m.start(ctx, b, nil, startOptions{Rules: opts.Rules, Agent: opts.Agent, Dirs: opts.Dirs})
@@ -462,6 +545,14 @@ func (m *Manager) Resume(ctx context.Context, id string, opts ResumeOptions) (sb
 	if err != nil {
 		return nil, err
 	}
+	if err := m.takeLease(ctx, b); err != nil {
+		return nil, err // *cluster.HeldError (ErrElsewhere): it runs there
+	}
+	defer func() {
+		if err != nil {
+			m.releaseLease(ctx, b)
+		}
+	}()
 	rec, err := m.suspended(ctx, id)
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, fmt.Errorf("%w: sandbox %q is neither running nor suspended", ErrNotFound, id)
@@ -470,6 +561,25 @@ func (m *Manager) Resume(ctx context.Context, id string, opts ResumeOptions) (sb
 		return nil, err
 	}
 	bytes = rec.Size
+	if rec.Spent {
+		m.log.Warn(fmt.Sprintf("sandbox %s was running when its shard stopped without saving it: it resumes from its last good state, saved %s", id, rec.Saved.Format(time.RFC3339)), "sandbox", id)
+	}
+	// Spent: it runs from this snapshot from now on, which stays in the
+	// store as its last good state until its next save replaces it. The
+	// write is conditional on the record read, and bumps its generation:
+	// a shard that ran the sandbox before and lost it (fenced) can no
+	// longer write its record (the reference service's object is left as
+	// it is: its next save removes it).
+	if !rec.legacy {
+		rec.Spent = true
+		if err := m.writeRecordIf(ctx, snapshotRecordKey(id), rec, rec.gen); err != nil {
+			return nil, err
+		}
+		b.recGen = rec.gen
+		b.saved = time.Now()
+	} else {
+		m.log.Info("resuming a sandbox the reference service suspended; its next save is in sandgate's format", "sandbox", id, "object", rec.Layer)
+	}
 	if err := m.reserve(); err != nil {
 		return nil, err
 	}
@@ -485,15 +595,6 @@ func (m *Manager) Resume(ctx context.Context, id string, opts ResumeOptions) (sb
 		m.setBase(b, nil)
 		m.unreserve()
 		return nil, err
-	}
-	// Spent: the sandbox runs from it now. It stays in the store as the
-	// sandbox's last good state until its next save replaces it (the
-	// reference service's object, as it is: its next save removes it).
-	rec.Spent = true
-	if rec.legacy {
-		m.log.Info("resumed a sandbox the reference service suspended; its next save is in sandgate's format", "sandbox", id, "object", rec.Layer)
-	} else if err := m.writeRecord(ctx, snapshotRecordKey(id), rec); err != nil {
-		m.log.Warn("sandbox resumed, but its snapshot could not be marked spent; the next suspend replaces it", "sandbox", id, "err", err)
 	}
 	m.met.suspended.Dec()
 	return sb, nil
@@ -609,10 +710,12 @@ func (m *Manager) suspendLocked(ctx context.Context, b *box) (*record, error) {
 	if err := sb.Destroy(context.WithoutCancel(ctx)); err != nil {
 		m.log.Warn("sandbox saved, but removing it failed", "sandbox", b.id, "err", err)
 	}
+	m.sealAudit(ctx, sb)
 	b.state.Store(State(""))
 	m.setBase(b, nil) // the record holds it now
 	m.unjournal(b.id)
 	m.unreserve()
+	m.releaseLease(ctx, b)
 	m.met.suspended.Inc()
 	return rec, nil
 }
@@ -627,7 +730,12 @@ func (m *Manager) Destroy(ctx context.Context, id string) (err error) {
 		return err
 	}
 	defer release()
-	if sb := b.live.Load(); sb != nil {
+	if err := m.takeLease(ctx, b); err != nil {
+		return err // *cluster.HeldError (ErrElsewhere): it runs there
+	}
+	defer m.releaseLease(ctx, b)
+	sb := b.live.Load()
+	if sb != nil {
 		b.live.Store(nil)
 		if err := sb.Destroy(ctx); err != nil && !errors.Is(err, ErrNotFound) {
 			b.live.Store(sb)
@@ -644,15 +752,19 @@ func (m *Manager) Destroy(ctx context.Context, id string) (err error) {
 			return err
 		}
 	}
+	if err := m.removeAudit(ctx, id, sb); err != nil {
+		return err
+	}
+	if err := m.dropSessions(ctx, b); err != nil {
+		return err
+	}
 	rec, err := m.suspended(ctx, id)
 	switch {
 	case errors.Is(err, store.ErrNotFound):
-		m.forgetAudit(id)
 		return nil
 	case err != nil:
 		return err
 	}
-	m.forgetAudit(id)
 	if !rec.legacy {
 		if err := m.deleteRecord(ctx, snapshotRecordKey(id), rec); err != nil {
 			return err
@@ -706,6 +818,29 @@ func (m *Manager) Fork(ctx context.Context, src, dst string, opts ForkOptions) (
 	if db.getState() != "" {
 		return "", fmt.Errorf("%w: sandbox %q is %s", ErrExists, dst, db.getState())
 	}
+	if sb.live.Load() == nil {
+		// A suspended source is copied here; a source another shard runs
+		// is forked there.
+		if s, here, err := m.Owner(ctx, src); err != nil {
+			return "", err
+		} else if !here {
+			return "", &cluster.HeldError{Sandbox: src, Shard: s}
+		}
+	}
+	if err := m.takeLease(ctx, db); err != nil {
+		var held *cluster.HeldError
+		if errors.As(err, &held) {
+			return "", fmt.Errorf("%w: sandbox %q runs on shard %s", ErrExists, dst, held.Shard.ID)
+		}
+		return "", err
+	}
+	// dst keeps its lease only if it runs here: a suspended one is
+	// anyone's to resume.
+	defer func() {
+		if err != nil || db.live.Load() == nil {
+			m.releaseLease(ctx, db)
+		}
+	}()
 	if _, err := m.suspended(ctx, dst); err == nil {
 		return "", fmt.Errorf("%w: sandbox %q is suspended", ErrExists, dst)
 	} else if !errors.Is(err, store.ErrNotFound) {
@@ -769,6 +904,11 @@ func (m *Manager) Get(ctx context.Context, id string) (Info, error) {
 	if b != nil && b.getState() != "" {
 		return m.liveInfo(b), nil
 	}
+	if s, here, err := m.Owner(ctx, id); err != nil {
+		return Info{}, err
+	} else if !here {
+		return Info{ID: id, State: Running, Shard: s.ID}, nil
+	}
 	rec, err := m.suspended(ctx, id)
 	if errors.Is(err, store.ErrNotFound) {
 		return Info{}, fmt.Errorf("%w: sandbox %q is neither running nor suspended", ErrNotFound, id)
@@ -794,6 +934,22 @@ func (m *Manager) List(ctx context.Context) ([]Info, error) {
 	for _, b := range live {
 		out = append(out, m.liveInfo(b))
 		seen[b.id] = true
+	}
+	// What the other live shards run, as their heartbeats say.
+	shards, err := m.c.Shards(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("%w: listing the shards: %v", ErrStore, err)
+	}
+	for _, s := range shards {
+		if s.ID == m.c.ID() {
+			continue
+		}
+		for _, id := range s.Sandboxes {
+			if !seen[id] {
+				out = append(out, Info{ID: id, State: Running, Shard: s.ID})
+				seen[id] = true
+			}
+		}
 	}
 	ids, err := m.suspendedIDs(ctx)
 	if err != nil {
@@ -822,7 +978,7 @@ func (m *Manager) List(ctx context.Context) ([]Info, error) {
 }
 
 func (m *Manager) liveInfo(b *box) Info {
-	inf := Info{ID: b.id, State: b.getState(), Created: b.created, Template: b.template}
+	inf := Info{ID: b.id, State: b.getState(), Created: b.created, Template: b.template, Shard: m.c.ID()}
 	if sb := b.live.Load(); sb != nil {
 		pol := sb.relay.Policy()
 		inf.Policy = &pol

@@ -68,7 +68,7 @@ func crashChild() error {
 	if err != nil {
 		return err
 	}
-	cfg := ManagerConfig{Launcher: l, Proxy: proxy, Store: dir, WorkDir: os.Getenv("CRASH_WORK"), IdleSuspend: -1}
+	cfg := ManagerConfig{Launcher: l, Proxy: proxy, Store: dir, WorkDir: os.Getenv("CRASH_WORK"), IdleSuspend: -1, Shard: shortShard}
 	m, err := NewManager(ctx, cfg)
 	if err != nil {
 		return err
@@ -106,7 +106,8 @@ func runIn(ctx context.Context, sb *Sandbox, script string) error {
 // sandbox the crash left running (saving it, newer than the snapshot) and
 // resumes it with everything it had.
 func TestKilledDuringSaveRecovers(t *testing.T) {
-	r := newManagerRig(t, newStore(t, "dir"), nil)
+	// Short leases: the new manager waits for the crashed one's to expire.
+	r := newManagerRig(t, newStore(t, "dir"), func(c *ManagerConfig) { c.Shard = shortShard })
 	storeDir := t.TempDir()
 	work := t.TempDir()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")

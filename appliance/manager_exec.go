@@ -31,7 +31,7 @@ const (
 // ErrNoProcess: no process of that id in the sandbox (processes are
 // forgotten ManagerConfig.ProcessRetention after they exit). It matches
 // ErrNotFound too.
-var ErrNoProcess = fmt.Errorf("%w: no such process", ErrNotFound)
+var ErrNoProcess error = notFound("no such process")
 
 // running returns sandbox id's live handle, marked in use (done ends
 // that), or ErrNotRunning.
@@ -66,6 +66,10 @@ type ExecRequest struct {
 	// before the command starts: its error refuses the start (a front
 	// door's own checks, whose messages may quote what they refuse).
 	Check func() error
+	// Timeout, when positive, stops a command that runs longer: a line on
+	// its stderr, SIGTERM to its process group, SIGKILL 5 s later, and
+	// exit code TimeoutExitCode (see manager_timeout.go).
+	Timeout time.Duration
 }
 
 // Exec starts a command in running sandbox id and returns it: its output
@@ -132,9 +136,13 @@ func (m *Manager) Exec(ctx context.Context, id string, req ExecRequest) (*Proces
 		if gs != nil {
 			gs.proc <- ap
 		}
+		timer := startTimer(p, ap, req.Timeout)
 		go func() {
 			status, err := ap.Wait(context.WithoutCancel(ctx))
 			code := exitCode(status)
+			if timer.stop() {
+				code = TimeoutExitCode
+			}
 			if err != nil {
 				code = 255
 				processOutput{p, Stderr}.Write([]byte("sandgate: " + err.Error() + "\n"))

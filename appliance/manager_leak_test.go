@@ -76,16 +76,16 @@ const leakSlack = 256 << 10
 // the sandbox CLI, and the leak is counted after all of them.
 const leakWorkers = 4
 
-// inParallel runs f(0) … f(n-1) on leakWorkers goroutines and returns the
-// first error.
-func inParallel(n int, f func(i int) error) error {
+// inParallel runs f(w, 0) … f(w, n-1) on leakWorkers goroutines, w the
+// worker running it (a worker's own sandbox), and returns the first error.
+func inParallel(n int, f func(w, i int) error) error {
 	errs := make(chan error, leakWorkers)
 	next := make(chan int)
-	for range leakWorkers {
+	for w := range leakWorkers {
 		go func() {
 			var first error
 			for i := range next {
-				if err := f(i); err != nil && first == nil {
+				if err := f(w, i); err != nil && first == nil {
 					first = err
 				}
 			}
@@ -146,7 +146,7 @@ func TestNoLeakAcrossLifecycles(t *testing.T) {
 	}
 
 	// One round first: what fills once is filled.
-	if err := inParallel(leakWorkers, func(i int) error { return cycle(fmt.Sprint("warm", i)) }); err != nil {
+	if err := inParallel(leakWorkers, func(_, i int) error { return cycle(fmt.Sprint("warm", i)) }); err != nil {
 		t.Fatal(err)
 	}
 	live0 := rt.Live()
@@ -154,7 +154,7 @@ func TestNoLeakAcrossLifecycles(t *testing.T) {
 	if live0 != (wasm.LiveCounts{}) {
 		t.Fatalf("no sandbox left, the runtime holds %+v", live0)
 	}
-	if err := inParallel(n, func(i int) error { return cycle(fmt.Sprint("c", i)) }); err != nil {
+	if err := inParallel(n, func(_, i int) error { return cycle(fmt.Sprint("c", i)) }); err != nil {
 		t.Fatal(err)
 	}
 	heap1, g1 := settled(g0, heap0)
@@ -170,8 +170,8 @@ func TestNoLeakAcrossLifecycles(t *testing.T) {
 	t.Logf("create → modules → destroy ×%d: heap %d → %d bytes, goroutines %d → %d", n, heap0, heap1, g0, g1)
 
 	// Suspended, a sandbox's modules are closed; resumed, loaded again.
-	suspendResume := func(i int) error {
-		id := fmt.Sprint("sr", i%leakWorkers)
+	suspendResume := func(w, _ int) error {
+		id := fmt.Sprint("sr", w)
 		if err := r.m.Suspend(ctx, id); err != nil {
 			return err
 		}

@@ -149,8 +149,14 @@ func (m *Manager) publish(ctx context.Context, b *box, sb *Sandbox, so startOpti
 	if err := m.journal(b); err != nil {
 		m.log.Warn("recording the sandbox for restart recovery failed; if the service crashes it is saved without its template", "sandbox", b.id, "err", err)
 	}
+	m.openAudit(b.id)
+	sb.setDeadline(m.c.Safe())
 	b.live.Store(sb)
 	b.state.Store(Running)
+	m.mu.Lock()
+	close(m.started)
+	m.started = make(chan struct{})
+	m.mu.Unlock()
 	return sb, nil
 }
 

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sandgate/sandgate/appliance/cluster"
 	"github.com/sandgate/sandgate/snapshot"
 	"github.com/sandgate/sandgate/snapshot/store"
 )
@@ -138,13 +139,26 @@ func (m *Manager) SaveAll(ctx context.Context) SaveAllResult {
 // SaveAll does, within ctx. It returns what was saved and what was not.
 func (m *Manager) Close(ctx context.Context) SaveAllResult {
 	m.mu.Lock()
+	if !m.closed {
+		close(m.closing)
+	}
 	m.closed = true
 	m.mu.Unlock()
 	m.stop()
 	<-m.loopDone
+	if m.auditDone != nil {
+		<-m.auditDone
+	}
+	m.loops.Wait()
 	res := m.SaveAll(ctx)
 	if len(res.Failed) > 0 {
 		m.log.Error(fmt.Sprintf("could not save %d sandboxes: %s", len(res.Failed), strings.Join(slices.Sorted(maps.Keys(res.Failed)), ", ")), "saved", res.Saved)
+	}
+	// The saved ones' leases are released: another shard may resume them
+	// at once. Without its heartbeat, what this shard still holds is free
+	// to take too, from its last saved state.
+	if err := m.c.Close(context.WithoutCancel(ctx)); err != nil {
+		m.log.Warn("leaving the shards: "+err.Error(), "err", err)
 	}
 	return res
 }
@@ -192,24 +206,27 @@ func (m *Manager) Recover(ctx context.Context) (RecoverResult, error) {
 	if err != nil {
 		m.log.Warn("cleaning the store failed; the next start tries again", "err", err)
 	}
-	// Spent snapshots of sandboxes nothing runs any more (their process or
-	// instance died unsaved): suspended at their last good state.
+	// Spent snapshots of sandboxes nothing runs any more (their shard
+	// died unsaved): suspended at their last good state, which the next
+	// resume, here or on any shard, starts from. One a live shard runs is
+	// that shard's.
 	recs, err := m.snapshotRecords(ctx)
 	if err != nil {
 		return res, err
 	}
+	suspended := 0
 	for id, rec := range recs {
 		if !rec.Spent {
+			suspended++
 			continue
 		}
-		rec.Spent = false
-		if err := m.writeRecord(ctx, snapshotRecordKey(id), rec); err != nil {
-			return res, err
+		if _, ok, err := m.c.Holder(ctx, id); err == nil && !ok {
+			suspended++
+			res.LastGood = append(res.LastGood, id)
+			m.log.Warn(fmt.Sprintf("sandbox %s was running when its shard stopped without saving it: it is suspended at its last good state, saved %s", id, rec.Saved.Format(time.RFC3339)), "sandbox", id)
 		}
-		res.LastGood = append(res.LastGood, id)
-		m.log.Warn(fmt.Sprintf("sandbox %s was running when the previous process ended and was not saved: it is suspended at its last good state, saved %s", id, rec.Saved.Format(time.RFC3339)), "sandbox", id)
 	}
-	m.met.suspended.Set(float64(len(recs)))
+	m.met.suspended.Set(float64(suspended))
 	if names, err := m.l.ListTemplates(ctx); err == nil {
 		m.tmu.Lock()
 		for _, n := range names {
@@ -220,7 +237,10 @@ func (m *Manager) Recover(ctx context.Context) (RecoverResult, error) {
 	return res, nil
 }
 
-// recoverSandbox saves a sandbox left by a previous run and removes it.
+// recoverSandbox saves a sandbox left by a previous run and removes it;
+// if another shard runs it since (this one died, its lease expired, and
+// that one resumed it from its last saved state), the copy here is stale:
+// removed unsaved.
 func (m *Manager) recoverSandbox(ctx context.Context, id string, created time.Time) error {
 	j, err := m.readJournal(id)
 	if err != nil {
@@ -231,7 +251,31 @@ func (m *Manager) recoverSandbox(ctx context.Context, id string, created time.Ti
 	if j.Created.IsZero() {
 		j.Created = created
 	}
-	if _, err := m.saveSnapshotOf(ctx, id, j.Created, j.Template, j.Base, j.Modules); err != nil {
+	lease, err := m.c.Acquire(ctx, id)
+	var held *cluster.HeldError
+	if errors.As(err, &held) {
+		m.log.Warn(fmt.Sprintf("sandbox %s, left here by a previous run, runs on shard %s since: the copy here is stale and is removed unsaved", id, held.Shard.ID), "sandbox", id)
+		if err := m.l.Delete(ctx, id); err != nil && !errors.Is(err, ErrNotFound) {
+			return err
+		}
+		m.unjournal(id)
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err := m.c.Release(context.WithoutCancel(ctx), lease); err != nil {
+			m.log.Warn("releasing a recovered sandbox's lease failed", "sandbox", id, "err", err)
+		}
+	}()
+	var gen int64
+	if rec, err := m.readRecord(ctx, snapshotRecordKey(id)); err == nil {
+		gen = rec.gen
+	} else if !errors.Is(err, store.ErrNotFound) {
+		return err
+	}
+	if _, err := m.saveSnapshotOf(ctx, id, j.Created, j.Template, j.Base, j.Modules, gen); err != nil {
 		return err
 	}
 	if err := m.l.Delete(ctx, id); err != nil && !errors.Is(err, ErrNotFound) {
@@ -240,6 +284,11 @@ func (m *Manager) recoverSandbox(ctx context.Context, id string, created time.Ti
 	m.unjournal(id)
 	return nil
 }
+
+// strayLayerAge is how old a layer no record names must be before it is
+// removed: younger, it may be a save in progress (its record is written
+// last), on this shard or another sharing the store.
+const strayLayerAge = time.Hour
 
 // collectGarbage removes layer objects no record names.
 func (m *Manager) collectGarbage(ctx context.Context) ([]string, error) {
@@ -277,6 +326,9 @@ func (m *Manager) collectGarbage(ctx context.Context) ([]string, error) {
 		layer := strings.TrimSuffix(in.Name, ".manifest.json")
 		if !strings.HasSuffix(layer, snapshot.Zstd.Ext()) || strings.Count(layer, "/") < 2 || named[layer] {
 			continue
+		}
+		if time.Since(in.Modified) < strayLayerAge {
+			continue // a save in progress, here or on another shard
 		}
 		if err := m.st.Delete(ctx, in.Name); err != nil && !errors.Is(err, store.ErrNotFound) {
 			return removed, fmt.Errorf("%w: removing %s: %v", ErrStore, in.Name, err)

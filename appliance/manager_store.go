@@ -91,6 +91,8 @@ type record struct {
 	// legacy: not a record in the store but the reference service's
 	// object at legacyKey (Layer), which has no digest to check.
 	legacy bool
+	// gen is the generation of the record as read or written.
+	gen int64
 }
 
 // baseRecord is the template layer a snapshot is a delta onto, or nil.
@@ -181,17 +183,13 @@ func (m *Manager) copyLegacy(ctx context.Context, src *record, dst string) error
 	return nil
 }
 
-// readRecord reads the record under key; a missing one is store.ErrNotFound.
+// readRecord reads the record under key, with its generation; a missing
+// one is store.ErrNotFound.
 func (m *Manager) readRecord(ctx context.Context, key string) (*record, error) {
-	rc, err := m.st.Get(ctx, key)
+	b, in, err := m.st.Read(ctx, key, 1<<20)
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, err
 	}
-	if err != nil {
-		return nil, fmt.Errorf("%w: reading %s: %v", ErrStore, key, err)
-	}
-	defer rc.Close()
-	b, err := io.ReadAll(io.LimitReader(rc, 1<<20))
 	if err != nil {
 		return nil, fmt.Errorf("%w: reading %s: %v", ErrStore, key, err)
 	}
@@ -201,24 +199,66 @@ func (m *Manager) readRecord(ctx context.Context, key string) (*record, error) {
 	if err := dec.Decode(&r); err != nil || r.Layer == "" || r.Digest == "" {
 		return nil, fmt.Errorf("%w: %s is not a sandgate record (%v)", ErrStore, key, err)
 	}
+	r.gen = in.Generation
 	return &r, nil
 }
 
+// writeRecord replaces the record under key, whatever it holds (a
+// template's: any shard may save one).
 func (m *Manager) writeRecord(ctx context.Context, key string, r *record) error {
 	b, err := json.Marshal(r)
 	if err != nil {
 		return err
 	}
-	if _, err := m.st.Put(ctx, key, bytes.NewReader(b), store.PutOptions{}); err != nil {
+	in, err := m.st.Put(ctx, key, bytes.NewReader(b), store.PutOptions{})
+	if err != nil {
 		return fmt.Errorf("%w: writing %s: %v", ErrStore, key, err)
 	}
+	r.gen = in.Generation
 	return nil
 }
 
-// deleteRecord removes a record, then the layer it names. Without the
-// record the layer is unreachable; if removing it fails, Recover does.
+// ErrRecordChanged: a sandbox's record changed under this service since it
+// last read or wrote it: another shard runs the sandbox now (it took the
+// lease while this one could not renew), and this one's state of it is
+// stale. The write is refused: the other's state stands.
+var ErrRecordChanged = errors.New("the sandbox's record changed under this service: another shard runs it now")
+
+// writeRecordIf writes a sandbox's record only if it is still at
+// generation gen (0: only if there is none), so that a service that lost a
+// sandbox to another shard (fenced) never overwrites the new owner's
+// state. r's generation becomes the new one.
+func (m *Manager) writeRecordIf(ctx context.Context, key string, r *record, gen int64) error {
+	b, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	opts := store.PutOptions{IfGenerationMatch: gen, IfNotExist: gen == 0}
+	in, err := m.st.Put(ctx, key, bytes.NewReader(b), opts)
+	if errors.Is(err, store.ErrPreconditionFailed) {
+		return fmt.Errorf("%w: %w (%s)", ErrStore, ErrRecordChanged, key)
+	}
+	if err != nil {
+		return fmt.Errorf("%w: writing %s: %v", ErrStore, key, err)
+	}
+	r.gen = in.Generation
+	return nil
+}
+
+// deleteRecord removes a record, if it is still the one read (its
+// generation), then the layer it names. Without the record the layer is
+// unreachable; if removing it fails, Recover does.
 func (m *Manager) deleteRecord(ctx context.Context, key string, r *record) error {
-	if err := m.st.Delete(ctx, key); err != nil && !errors.Is(err, store.ErrNotFound) {
+	var err error
+	if r.gen != 0 {
+		err = m.st.DeleteIf(ctx, key, r.gen)
+	} else {
+		err = m.st.Delete(ctx, key)
+	}
+	switch {
+	case errors.Is(err, store.ErrPreconditionFailed):
+		return fmt.Errorf("%w: %w (%s)", ErrStore, ErrRecordChanged, key)
+	case err != nil && !errors.Is(err, store.ErrNotFound):
 		return fmt.Errorf("%w: removing %s: %v", ErrStore, key, err)
 	}
 	m.deleteLayer(ctx, r.Layer)
@@ -263,6 +303,7 @@ func (m *Manager) exportLayer(ctx context.Context, id string) (io.ReadCloser, er
 func (m *Manager) saveLayer(ctx context.Context, layer io.ReadCloser, key, id string, base *record, index bool) (*snapshot.Manifest, error) {
 	opts := snapshot.SaveOptions{NoClobber: true, PackOptions: snapshot.PackOptions{
 		Compression: snapshot.Zstd, ImageID: m.cfg.ImageID, SandboxID: id, Index: index,
+		Progress: progressOf(ctx, StepSave, func() int64 { return m.l.UpperSize(id) }),
 	}}
 	if base != nil {
 		opts.Parent = base.Digest
@@ -287,17 +328,24 @@ func (m *Manager) saveLayer(ctx context.Context, layer io.ReadCloser, key, id st
 }
 
 // saveSnapshot exports a running sandbox's layer, saves it under a new
-// generation and points its record at it.
+// generation and points its record at it, if the record is still the one
+// this service last read or wrote.
 func (m *Manager) saveSnapshot(ctx context.Context, b *box) (*record, error) {
 	refs, err := m.saveModules(ctx, b.modules)
 	if err != nil {
 		return nil, err
 	}
-	return m.saveSnapshotOf(ctx, b.id, b.created, b.template, b.base, refs)
+	rec, err := m.saveSnapshotOf(ctx, b.id, b.created, b.template, b.base, refs, b.recGen)
+	if err != nil {
+		return nil, err
+	}
+	b.recGen = rec.gen
+	return rec, nil
 }
 
-// saveSnapshotOf saves sandbox id's layer as its snapshot.
-func (m *Manager) saveSnapshotOf(ctx context.Context, id string, created time.Time, template string, base *record, modules []moduleRef) (*record, error) {
+// saveSnapshotOf saves sandbox id's layer as its snapshot. Its record is
+// written only if it is at generation gen (0: only if there is none).
+func (m *Manager) saveSnapshotOf(ctx context.Context, id string, created time.Time, template string, base *record, modules []moduleRef, gen int64) (*record, error) {
 	layer, err := m.exportLayer(ctx, id)
 	if err != nil {
 		return nil, err
@@ -312,11 +360,11 @@ func (m *Manager) saveSnapshotOf(ctx context.Context, id string, created time.Ti
 		rec.Base, rec.BaseDigest = base.Layer, base.Digest
 	}
 	old, _ := m.readRecord(ctx, snapshotRecordKey(id))
-	if err := m.writeRecord(ctx, snapshotRecordKey(id), rec); err != nil {
+	if err := m.writeRecordIf(ctx, snapshotRecordKey(id), rec, gen); err != nil {
 		m.deleteLayer(context.WithoutCancel(ctx), key)
 		return nil, err
 	}
-	if old != nil && old.Layer != key {
+	if old != nil && old.Layer != key && old.gen == gen {
 		m.deleteLayer(ctx, old.Layer)
 	}
 	if err := m.dropLegacy(ctx, id); err != nil {
@@ -345,7 +393,11 @@ func (m *Manager) fetchLayer(ctx context.Context, key, digest string) (string, f
 	if err != nil {
 		return "", nil, err
 	}
-	if err := copyLayer(file, l, m.l.BareImports()); err != nil {
+	var src io.Reader = l
+	if report := progressOf(ctx, StepFetch, func() int64 { return l.Manifest.Size }); report != nil {
+		src = &progressReader{r: l, report: report}
+	}
+	if err := copyLayer(file, src, m.l.BareImports()); err != nil {
 		cleanup()
 		return "", nil, fmt.Errorf("%w: reading %s: %v", ErrStore, key, err)
 	}
@@ -354,7 +406,7 @@ func (m *Manager) fetchLayer(ctx context.Context, key, digest string) (string, f
 
 // copyLayer writes layer l to file, decompressed when bare. A decompressed
 // layer is still read to its end, so that its digest is checked.
-func copyLayer(file string, l *snapshot.Layer, bare bool) error {
+func copyLayer(file string, l io.Reader, bare bool) error {
 	if !bare {
 		return copyToFile(file, l)
 	}
@@ -448,7 +500,7 @@ func (m *Manager) copySnapshot(ctx context.Context, src *record, dst string) err
 	}
 	rec := *src
 	rec.Layer, rec.Created, rec.Saved, rec.Spent = key, time.Now().UTC(), time.Now().UTC(), false
-	if err := m.writeRecord(ctx, snapshotRecordKey(dst), &rec); err != nil {
+	if err := m.writeRecordIf(ctx, snapshotRecordKey(dst), &rec, 0); err != nil {
 		m.deleteLayer(context.WithoutCancel(ctx), key)
 		return err
 	}

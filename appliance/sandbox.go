@@ -88,6 +88,12 @@ type Sandbox struct {
 	// lookups the agent reports for the audit.
 	hook    *netcapture.Hook
 	lookups rateLimit
+
+	// deadline (unix nanoseconds; 0 none) is until when the service is
+	// sure to own the sandbox: its agent kills every command past it
+	// unless told a later one (setDeadline), and is told again whenever
+	// it restarts.
+	deadline atomic.Int64
 }
 
 // maxAgentStarts bounds how often the agent is restarted in a row without
@@ -219,14 +225,15 @@ func (s *Sandbox) startCapture(ctx context.Context, c *agent.Client) {
 }
 
 // captured serves one connection captured in the sandbox, to where the
-// process was going, under this sandbox's identity.
-func (s *Sandbox) captured(c net.Conn, to string) {
+// process was going, under this sandbox's identity, naming the process
+// that made it (when the agent could tell) in its events.
+func (s *Sandbox) captured(c net.Conn, to string, p agent.Peer) {
 	host, port, err := netpolicy.SplitHostPort(to)
 	if err != nil || port == 0 {
 		c.Close()
 		return
 	}
-	s.proxy.ServeCaptured(s.ctx, c, s.relay, strings.Trim(host, "[]"), port)
+	s.proxy.ServeCaptured(s.ctx, c, s.relay, strings.Trim(host, "[]"), port, relay.Peer{PID: p.PID, Args: p.Args})
 }
 
 // lookup audits a lookup the sandbox's DNS responder refused; a sandbox
@@ -292,9 +299,10 @@ func (s *Sandbox) connectWhenReady(ctx context.Context, err error) (*agent.Clien
 
 // egress serves one connection a sandbox process made to its relay
 // listener, under this sandbox's identity: the identity is the link it
-// came on, never anything it says.
-func (s *Sandbox) egress(c net.Conn) {
-	s.proxy.ServeConn(s.ctx, c, s.relay)
+// came on, never anything it says. What the agent says of the process
+// that made it only names it in the audit.
+func (s *Sandbox) egress(c net.Conn, p agent.Peer) {
+	s.proxy.ServePeer(s.ctx, c, s.relay, relay.Peer{PID: p.PID, Args: p.Args})
 }
 
 func (s *Sandbox) set(c *agent.Client, k *link) {
@@ -302,6 +310,50 @@ func (s *Sandbox) set(c *agent.Client, k *link) {
 	s.cur, s.curLink = c, k
 	close(s.ready)
 	s.mu.Unlock()
+	s.pushDeadline()
+}
+
+// setDeadline tells the agent until when the service is sure to own the
+// sandbox (see Sandbox.deadline). It is no call: it does not keep the
+// sandbox from being idle.
+func (s *Sandbox) setDeadline(until time.Time) {
+	s.deadline.Store(until.UnixNano())
+	s.pushDeadline()
+}
+
+// pushDeadline tells the current agent the deadline, if there is one.
+func (s *Sandbox) pushDeadline() {
+	until := s.deadline.Load()
+	s.mu.Lock()
+	c := s.cur
+	s.mu.Unlock()
+	if until == 0 || c == nil || c.Err() != nil {
+		return
+	}
+	d := max(time.Until(time.Unix(0, until)), time.Millisecond)
+	ctx, cancel := context.WithTimeout(s.ctx, 10*time.Second)
+	defer cancel()
+	if err := c.SetDeadline(ctx, d); err != nil && s.ctx.Err() == nil {
+		s.log.Warn("telling the agent its deadline failed; it keeps the previous one", "err", err)
+	}
+}
+
+// fence stops every command at once, and has the agent start none until
+// a new deadline: the service may no longer own the sandbox.
+func (s *Sandbox) fence(ctx context.Context) {
+	s.deadline.Store(1)
+	s.mu.Lock()
+	c := s.cur
+	s.mu.Unlock()
+	if c == nil || c.Err() != nil {
+		return
+	}
+	if err := c.SetDeadline(ctx, time.Millisecond); err != nil {
+		s.log.Warn("fencing: the agent did not take its deadline; killing its commands", "err", err)
+	}
+	if _, err := c.KillAll(ctx); err != nil {
+		s.log.Warn("fencing: killing the sandbox's commands failed", "err", err)
+	}
 }
 
 // supervise restarts the agent whenever its link drops, until Destroy.
@@ -484,6 +536,19 @@ func (s *Sandbox) client(ctx context.Context) (*agent.Client, error) {
 		case <-time.After(50 * time.Millisecond): // a drop the supervisor has yet to see
 		}
 	}
+}
+
+// quietClient is the live agent link, without counting as a call (the
+// service's own work: checkpoints, deadlines), or an error if there is
+// none right now.
+func (s *Sandbox) quietClient() (*agent.Client, error) {
+	s.mu.Lock()
+	c := s.cur
+	s.mu.Unlock()
+	if c == nil || c.Err() != nil {
+		return nil, fmt.Errorf("sandbox %s: its agent is restarting", s.id)
+	}
+	return c, nil
 }
 
 // Run runs a command in the sandbox and waits for it; see agent.Client.Run.

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Measures sandgate's HTTP service (api/server) over the lifecycle manager
 # on real sandboxes, in one run, each figure against a baseline measured in
-# the same run: `exec true` over the protocol 1 exec route against
-# Sandbox.Run on the same sandbox (p50, p99, what the API adds); create and
+# the same run: `exec true` over the protocol 1 exec route and over the
+# Cloudflare bridge's exec route (server-sent events) against Sandbox.Run
+# of what each runs on the same sandbox (p50, p99, what each adds); create and
 # create-from-template over HTTP against Manager.Create; and downloads from
 # a server inside a sandbox through the port tunnel and the TCP bridge
 # against a direct loopback connection to that server (and the agent's

@@ -606,8 +606,8 @@ func testEgressWithoutProxy(t *testing.T, tg *target) {
 		t.Helper()
 		var found client.AuditEvent
 		waitFor(t, "the audit event", func() bool {
-			evs, err := s.Audit(ctx(t))
-			for _, e := range evs {
+			page, err := s.Audit(ctx(t), client.AuditQuery{})
+			for _, e := range page.Events {
 				if ok(e) {
 					found = e
 					return true
@@ -619,7 +619,7 @@ func testEgressWithoutProxy(t *testing.T, tg *target) {
 	}
 	if !captured {
 		ev := want(func(e client.AuditEvent) bool { return e.Kind == "dns" && e.Host == echoHost })
-		if ev.Allow || ev.Code != "direct_lookup" || ev.Reason == "" {
+		if ev.Allow() || ev.Code != "direct_lookup" || ev.Reason == "" {
 			t.Errorf("the lookup's event: %+v", ev)
 		}
 		return
@@ -635,7 +635,7 @@ func testEgressWithoutProxy(t *testing.T, tg *target) {
 		t.Errorf("a captured request got %q", out)
 	}
 	ev := want(func(e client.AuditEvent) bool { return e.Kind == "capture" && e.Host == echoHost })
-	if !ev.Allow || ev.Port != 443 || ev.Code != "allowed_host" {
+	if !ev.Allow() || ev.Port != 443 || ev.Code != "allowed_host" {
 		t.Errorf("the captured connection's event: %+v", ev)
 	}
 }

@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"fmt"
@@ -8,7 +9,11 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"syscall"
 	"testing"
+
+	"github.com/sandgate/sandgate/relay/audit"
+	"github.com/sandgate/sandgate/snapshot/store"
 )
 
 // Benchmarks compare the proxy with a direct connection to the same
@@ -93,4 +98,62 @@ func BenchmarkTunnelDirect(b *testing.B) {
 	srv := e.upstream("api.example.com", http.HandlerFunc(bulkHandler))
 	b.SetBytes(tunnelBulk)
 	benchGets(b, directClient(e, srv), "https://api.example.com/bulk")
+}
+
+// segmentFiles is a SegmentWriter over a directory store, as appliance's
+// AuditStore is (which relay cannot import).
+type segmentFiles struct{ st store.Store }
+
+func (s segmentFiles) WriteSegment(ctx context.Context, sandbox, name string, data []byte) error {
+	_, err := s.st.Put(ctx, "audit/"+sandbox+"/"+name+".jsonl.zst", bytes.NewReader(data), store.PutOptions{})
+	return err
+}
+
+// BenchmarkRouteAudit: routed requests from several clients at once, the
+// proxy's audit the log alone or the log and the durable audit over a
+// directory store; the process's CPU per request, every goroutine's.
+func BenchmarkRouteAudit(b *testing.B) {
+	for _, durable := range []bool{false, true} {
+		b.Run(fmt.Sprintf("durable=%v", durable), func(b *testing.B) {
+			var js *audit.Journals
+			e := newEnvTB(b, benchPolicy, "", func(c *Config) {
+				log := audit.NewJSONLines(io.Discard)
+				c.Audit = log
+				if durable {
+					st, err := store.NewDir(b.TempDir())
+					if err != nil {
+						b.Fatal(err)
+					}
+					js, _ = audit.NewJournals(audit.JournalsConfig{Writer: segmentFiles{st}, Log: log})
+					js.Open("tenant-test")
+					c.Audit = js
+				}
+			})
+			e.upstream("api.example.com", http.HandlerFunc(smallJSON))
+			c := e.routeClient()
+			c.Transport.(*http.Transport).MaxIdleConnsPerHost = 16
+			u := e.routeURL("api.example.com/v1/messages")
+			var ru0 syscall.Rusage
+			syscall.Getrusage(syscall.RUSAGE_SELF, &ru0)
+			b.SetParallelism(4)
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					resp, err := c.Get(u)
+					if err != nil {
+						b.Error(err)
+						return
+					}
+					io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+				}
+			})
+			if js != nil {
+				js.Close(context.Background())
+			}
+			var ru1 syscall.Rusage
+			syscall.Getrusage(syscall.RUSAGE_SELF, &ru1)
+			cpu := ru1.Utime.Nano() + ru1.Stime.Nano() - ru0.Utime.Nano() - ru0.Stime.Nano()
+			b.ReportMetric(float64(cpu)/float64(b.N)/1e3, "cpu-µs/req")
+		})
+	}
 }

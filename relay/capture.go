@@ -17,17 +17,21 @@ import (
 // audit (kind capture). A refusal closes the connection: there is no HTTP
 // exchange to answer it in; the audit event says why. host and port are
 // what the sandbox says it dialed, no more trusted than a CONNECT line.
-// ServeCaptured closes c and returns when the connection is finished.
-func (p *Proxy) ServeCaptured(ctx context.Context, c net.Conn, tenant *Tenant, host string, port int) {
+// peer names the process that made the connection in its events, as for
+// ServePeer. ServeCaptured closes c and returns when the connection is
+// finished.
+func (p *Proxy) ServeCaptured(ctx context.Context, c net.Conn, tenant *Tenant, host string, port int, peer Peer) {
 	if !p.track(c) {
 		c.Close()
 		return
 	}
 	defer p.untrack(c)
 	cc := newClientConn(p, tenant, c)
+	cc.pid, cc.cmd = peerCmd(tenant, peer)
 	defer cc.release()
 	defer c.Close()
-	ev := audit.Event{Sandbox: tenant.id, Kind: audit.Capture, Host: host, Port: port}
+	ev := cc.event(audit.Capture)
+	ev.Host, ev.Port = host, port
 	if !tenant.acquire(p.cfg.MaxConns) {
 		e := limitError(fmt.Sprintf("sandbox %s already has %d connections open", tenant.id, p.cfg.MaxConns), time.Second)
 		ev.Code, ev.Reason, ev.Status = e.Code, e.Reason, e.Status

@@ -9,6 +9,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -38,6 +40,10 @@ type clientConn struct {
 	// icpt is set on the connection inside an intercepted one: every
 	// request goes to the host it was judged for.
 	icpt *interception
+	// pid and cmd name the process that opened the connection, for its
+	// audit events (see Proxy.ServePeer).
+	pid int
+	cmd string
 }
 
 func newClientConn(p *Proxy, tenant *Tenant, c net.Conn) *clientConn {
@@ -153,7 +159,20 @@ func (s *Tenant) acquire(max int) bool {
 
 func (s *Tenant) release() {
 	s.seen.Store(time.Now().UnixNano())
-	s.open.Add(-1)
+	if s.open.Add(-1) == 0 {
+		s.dmu.Lock()
+		if s.drained != nil && s.open.Load() <= 0 {
+			close(s.drained)
+			s.drained = nil
+		}
+		s.dmu.Unlock()
+	}
+}
+
+// event starts an audit event of the connection: its sandbox, its process,
+// and kind.
+func (cc *clientConn) event(kind audit.Kind) audit.Event {
+	return audit.Event{Sandbox: cc.tenant.id, Kind: kind, PID: cc.pid, Cmd: cc.cmd}
 }
 
 // handle answers one request and reports whether the connection may carry
@@ -279,7 +298,8 @@ func checkFraming(head []byte) error {
 // refused before it had a destination still gets an audit event.
 func (cc *clientConn) refuse(err error, req *http.Request) {
 	e := asError(err)
-	ev := audit.Event{Sandbox: cc.tenant.id, Kind: audit.Refused, Code: e.Code, Reason: e.Reason, Status: e.Status}
+	ev := cc.event(audit.Refused)
+	ev.Code, ev.Reason, ev.Status = e.Code, e.Reason, e.Status
 	switch {
 	case cc.icpt != nil:
 		ev.Host, ev.Port, ev.InterceptRule = cc.icpt.host.String(), cc.icpt.port, cc.icpt.rule
@@ -290,6 +310,17 @@ func (cc *clientConn) refuse(err error, req *http.Request) {
 		ev.Method = req.Method
 		if t, terr := parseTarget(req.Method, req.RequestURI); terr == nil {
 			ev.Host, ev.Port, ev.Path = t.host, t.port, pathOnly(t.rest)
+		} else if u, uerr := url.Parse(req.RequestURI); uerr == nil && u.IsAbs() {
+			// An absolute http:// (or https://) target names its
+			// destination: say which, though it was refused unread.
+			ev.Host, ev.Path = u.Hostname(), u.EscapedPath()
+			if port, perr := strconv.Atoi(u.Port()); perr == nil {
+				ev.Port = port
+			} else if u.Scheme == "http" {
+				ev.Port = 80
+			} else if u.Scheme == "https" {
+				ev.Port = 443
+			}
 		}
 	}
 	if e.Err != nil {
@@ -300,10 +331,14 @@ func (cc *clientConn) refuse(err error, req *http.Request) {
 }
 
 // writeError writes an error response: status, X-Sandgate-Error, and the
-// reason as the body.
+// reason as a plain-text body, "sandgate: <reason> (<code>)", which curl
+// prints for a route. Clients of a refused CONNECT never show its body, so
+// the status line says it too ("403 Forbidden (sandgate: …)"): Python's
+// and Go's clients (pip, go get) print that line, curl -v shows it.
 func (cc *clientConn) writeError(e *Error, closing bool) {
-	body := e.Error() + "\n"
+	body := e.Body()
 	resp := &http.Response{
+		Status:        e.statusLine(),
 		StatusCode:    e.Status,
 		ProtoMajor:    1,
 		ProtoMinor:    1,

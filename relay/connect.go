@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -22,7 +23,8 @@ import (
 // carry its requests as routes). The audit event is written when the
 // tunnel closes.
 func (cc *clientConn) connect(ctx context.Context, req *http.Request, t target) {
-	ev := audit.Event{Sandbox: cc.tenant.id, Kind: audit.Connect, Host: t.host, Port: t.port, Method: req.Method}
+	ev := cc.event(audit.Connect)
+	ev.Host, ev.Port, ev.Method = t.host, t.port, req.Method
 	cc.tunnel(ctx, &ev, t.host, t.port, func(e *Error) { cc.writeError(e, true) }, func() bool {
 		_, err := io.WriteString(cc.bw, "HTTP/1.1 200 Connection established\r\n\r\n")
 		return err == nil && cc.bw.Flush() == nil
@@ -77,7 +79,7 @@ func (cc *clientConn) tunnel(ctx context.Context, ev *audit.Event, host string, 
 	}
 	if up != nil {
 		defer up.Close()
-		ev.Addr = dec.Addr.String()
+		ev.Addr = netip.AddrPortFrom(dec.Addr, uint16(dec.Port)).String()
 	}
 	ev.Status = http.StatusOK
 	if cc.p.cfg.Metrics != nil {

@@ -61,6 +61,22 @@ func (e *Error) Error() string {
 
 func (e *Error) Unwrap() error { return e.Err }
 
+// Body is the plain text a refusal answers with: what a person at a
+// command in the sandbox reads.
+func (e *Error) Body() string {
+	return "sandgate: " + e.Error() + " (" + e.Code + ")\n"
+}
+
+// statusLine is the status line's status and reason phrase: the
+// standard text, then the reason, on one line of printable ASCII.
+func (e *Error) statusLine() string {
+	text := http.StatusText(e.Status)
+	if text == "" {
+		text = "Error"
+	}
+	return strconv.Itoa(e.Status) + " " + text + " (sandgate: " + headerSafe(truncate(e.Error(), 200)) + ")"
+}
+
 func badRequest(format string, args ...any) *Error {
 	return &Error{Status: http.StatusBadRequest, Code: CodeBadRequest, Reason: fmt.Sprintf(format, args...)}
 }

@@ -161,6 +161,7 @@ func (c *countedConn) CloseWrite() error {
 func (cc *clientConn) serveH1(c net.Conn, ic *interception) {
 	icc := newClientConn(cc.p, cc.tenant, c)
 	icc.icpt = ic
+	icc.pid, icc.cmd = cc.pid, cc.cmd // the same process's requests
 	defer icc.release()
 	ctx := cc.serveCtx
 	stop := context.AfterFunc(ctx, icc.stop)
@@ -189,8 +190,9 @@ func (cc *clientConn) handleIntercepted(ctx context.Context, req *http.Request) 
 // cannot be carried, with its event.
 func (cc *clientConn) refuseIntercepted(a answerer, req *http.Request, err error) {
 	e := asError(err)
-	ev := audit.Event{Sandbox: cc.tenant.id, Kind: audit.Intercept, Host: cc.icpt.host.String(), Port: cc.icpt.port,
-		Method: req.Method, Path: pathOnly(req.URL.EscapedPath()), Code: e.Code, Reason: e.Reason, Status: e.Status, InterceptRule: cc.icpt.rule}
+	ev := cc.event(audit.Intercept)
+	ev.Host, ev.Port, ev.Method, ev.Path = cc.icpt.host.String(), cc.icpt.port, req.Method, pathOnly(req.URL.EscapedPath())
+	ev.Code, ev.Reason, ev.Status, ev.InterceptRule = e.Code, e.Reason, e.Status, cc.icpt.rule
 	cc.p.record(ev)
 	a.writeError(e, true)
 }
@@ -417,8 +419,8 @@ func isUpgrade(h http.Header) bool {
 // rules is refused, since its messages could not be scrubbed.
 func (cc *clientConn) upgrade(ctx context.Context, req *http.Request, t target) {
 	start := time.Now()
-	ev := audit.Event{Sandbox: cc.tenant.id, Kind: audit.Intercept, Host: t.host, Port: t.port, Method: req.Method,
-		Path: pathOnly(t.rest), InterceptRule: t.icpt.rule}
+	ev := cc.event(audit.Intercept)
+	ev.Host, ev.Port, ev.Method, ev.Path, ev.InterceptRule = t.host, t.port, req.Method, pathOnly(t.rest), t.icpt.rule
 	x, err := cc.switchProtocols(ctx, req, t, &ev)
 	if x != nil {
 		x.Close()

@@ -304,7 +304,7 @@ func (e *env) captured(host string, port int) net.Conn {
 	}
 	e.t.Cleanup(func() { c.Close() })
 	c.SetDeadline(time.Now().Add(20 * time.Second))
-	go e.proxy.ServeCaptured(context.Background(), s, e.tenant, host, port)
+	go e.proxy.ServeCaptured(context.Background(), s, e.tenant, host, port, Peer{})
 	return c
 }
 

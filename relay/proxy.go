@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -149,6 +150,10 @@ type Tenant struct {
 	joined     atomic.Pointer[joinedModules]
 	open       atomic.Int64
 	seen       atomic.Int64 // unix nanoseconds of the last connection's start or end
+	// drained is closed (and replaced) when open falls to zero while
+	// someone waits for it (Drain).
+	dmu     sync.Mutex
+	drained chan struct{}
 
 	tmu  sync.Mutex
 	pool *upstreamPool
@@ -282,14 +287,33 @@ func (p *Proxy) Serve(ctx context.Context, ln net.Listener, tenant *Tenant) erro
 // sandbox's link) as tenant, and closes it when done. When ctx ends the
 // connection is closed if it is between requests; a request or tunnel in
 // progress is let finish, until Close cuts it. ServeConn returns when the
-// connection is finished.
+// connection is finished. Its audit events name no process (see
+// ServePeer).
 func (p *Proxy) ServeConn(ctx context.Context, c net.Conn, tenant *Tenant) {
+	p.ServePeer(ctx, c, tenant, Peer{})
+}
+
+// Peer is what the caller knows of the process that opened a connection:
+// a sandbox's agent finds it from the connection's address (its pid in the
+// sandbox, its arguments). It only attributes the connection's events;
+// nothing is decided on it.
+type Peer struct {
+	PID  int
+	Args []string
+}
+
+// ServePeer is ServeConn for a connection opened by peer: every audit event
+// of the connection names it (audit.Event.PID and Cmd). Its command line is
+// rendered once, by audit.CommandLine; one that holds a secret of the
+// sandbox's rules is replaced whole.
+func (p *Proxy) ServePeer(ctx context.Context, c net.Conn, tenant *Tenant, peer Peer) {
 	if !p.track(c) {
 		c.Close()
 		return
 	}
 	defer p.untrack(c)
 	cc := newClientConn(p, tenant, c)
+	cc.pid, cc.cmd = peerCmd(tenant, peer)
 	defer cc.release() // after the Close below: nothing reads c's buffers then
 	defer c.Close()
 	// Every connection counts against the sandbox's cap from the moment it
@@ -369,6 +393,44 @@ func (p *Proxy) Close() error {
 		c.Close()
 	}
 	return nil
+}
+
+// peerCmd renders peer for the audit: its pid (0 if out of range) and its
+// command line.
+func peerCmd(tenant *Tenant, peer Peer) (int, string) {
+	pid := peer.PID
+	if pid < 0 || pid > 1<<22 { // the kernel's pid_max bound
+		pid = 0
+	}
+	cmd := audit.CommandLine(peer.Args)
+	if cmd != "" {
+		if g := tenant.transforms.Guard(); !g.Empty() && g.Check("cmd", strings.Join(peer.Args, " "), cmd) != nil {
+			cmd = audit.Redacted + " (the command line held a secret of this sandbox's rules)"
+		}
+	}
+	return pid, cmd
+}
+
+// Drain waits until the tenant has no connection open (every event of
+// those it had is recorded by then), or ctx ends.
+func (s *Tenant) Drain(ctx context.Context) error {
+	for {
+		s.dmu.Lock()
+		if s.open.Load() <= 0 {
+			s.dmu.Unlock()
+			return nil
+		}
+		if s.drained == nil {
+			s.drained = make(chan struct{})
+		}
+		ch := s.drained
+		s.dmu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		}
+	}
 }
 
 func (p *Proxy) record(e audit.Event) {

@@ -44,7 +44,7 @@ func TestDNSFailureIsNotAuditedAsADenial(t *testing.T) {
 	var lines int
 	for _, l := range strings.Split(e.log.String(), "\n") {
 		var m map[string]any
-		if json.Unmarshal([]byte(l), &m) != nil || m["msg"] != "egress" {
+		if json.Unmarshal([]byte(l), &m) != nil || m["message"] != "egress" {
 			continue
 		}
 		lines++

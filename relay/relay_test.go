@@ -66,7 +66,7 @@ func newEnvTB(t testing.TB, policy string, rules string, opts ...envOpt) *env {
 	logger := slog.New(slog.NewJSONHandler(e.log, nil))
 	cfg := Config{
 		Decider:       e.decider,
-		Audit:         audit.Multi{audit.Logger{L: logger}, e.rings},
+		Audit:         audit.Multi{audit.NewJSONLines(e.log), e.rings},
 		Logger:        logger,
 		UpstreamRoots: e.ca.Pool,
 	}
@@ -265,11 +265,11 @@ func TestConnectEvent(t *testing.T) {
 	cl.CloseIdleConnections()
 	ev := e.event(1)
 	if ev.Kind != audit.Connect || !ev.Allow || ev.Host != "api.example.com" || ev.Port != 443 ||
-		ev.Addr != tlstest.Addr(srv).String() || ev.Rule != "allowedHosts:api.example.com" ||
+		ev.Addr != netip.AddrPortFrom(tlstest.Addr(srv), 443).String() || ev.Rule != "allowedHosts:api.example.com" ||
 		ev.BytesIn == 0 || ev.BytesOut == 0 || ev.Status != 200 || ev.Code != "allowed_host" {
 		t.Errorf("connect event = %+v", ev)
 	}
-	if !strings.Contains(e.log.String(), `"msg":"egress"`) || !strings.Contains(e.log.String(), `"decision":"allow"`) {
+	if !strings.Contains(e.log.String(), `"message":"egress"`) || !strings.Contains(e.log.String(), `"decision":"allow"`) {
 		t.Errorf("no canonical egress log line: %s", e.log.String())
 	}
 }
@@ -301,6 +301,11 @@ func TestConnectRefusals(t *testing.T) {
 		b := body(t, resp)
 		if resp.StatusCode != tt.status || !strings.Contains(b, tt.reason) || !strings.Contains(resp.Header.Get("X-Sandgate-Error"), tt.reason) {
 			t.Errorf("CONNECT %s: %d %q (X-Sandgate-Error %q), want %d with %q", tt.target, resp.StatusCode, b, resp.Header.Get("X-Sandgate-Error"), tt.status, tt.reason)
+		}
+		// What a command shows: the body (curl, for a route) and the
+		// status line (pip, go; curl -v), both saying sandgate refused.
+		if !strings.HasPrefix(b, "sandgate: ") || !strings.HasSuffix(b, ")\n") || !strings.Contains(resp.Status, "(sandgate: ") {
+			t.Errorf("CONNECT %s: status %q, body %q; want both to say sandgate refused it and why", tt.target, resp.Status, b)
 		}
 	}
 }
@@ -562,7 +567,21 @@ func TestRouteRefusals(t *testing.T) {
 			if resp.StatusCode != tt.status || !strings.Contains(b, tt.reason) || !strings.Contains(resp.Header.Get("X-Sandgate-Error"), tt.reason) {
 				t.Errorf("got %d %q (X-Sandgate-Error %q), want %d with %q", resp.StatusCode, b, resp.Header.Get("X-Sandgate-Error"), tt.status, tt.reason)
 			}
+			if !strings.HasPrefix(b, "sandgate: ") || !strings.Contains(resp.Status, "(sandgate: ") {
+				t.Errorf("status %q, body %q; want both to say sandgate refused it", resp.Status, b)
+			}
 		})
+	}
+}
+
+// A refused plain-http request names the host it was for: an auditor
+// sees where a tool tried to go in cleartext.
+func TestPlainHTTPRefusalNamesItsHost(t *testing.T) {
+	e := newEnv(t, `{"mode":"custom","allowedHosts":["api.example.com"]}`, "")
+	body(t, e.raw("GET http://api.example.com/pkg?token=x HTTP/1.1\r\nHost: api.example.com\r\n\r\n"))
+	ev := e.event(1)
+	if ev.Kind != audit.Refused || ev.Allow || ev.Code != CodePlainHTTP || ev.Host != "api.example.com" || ev.Port != 80 || ev.Path != "/pkg" {
+		t.Errorf("event = %+v; want a plain_http refusal of api.example.com:80 /pkg", ev)
 	}
 }
 
@@ -1047,5 +1066,45 @@ func TestBaseURLOwnOriginRouted(t *testing.T) {
 	}
 	if ev := e.event(1); !ev.Allow || ev.Host != "model.example.com" || ev.Port != int(ap.Port()) {
 		t.Errorf("the audit event of the http route: %+v; want allowed, port %d", ev, ap.Port())
+	}
+}
+
+// A connection served for a peer names it in every event: its command
+// line as audit.CommandLine renders it, or, when it holds a secret of the
+// sandbox's rules, not at all. Drain returns once its events are recorded.
+func TestPeerNamedInEvents(t *testing.T) {
+	e := newEnv(t, `{"mode":"custom","allowedHosts":["api.example.com"]}`,
+		`[{"match":{"host":"api.example.com"},"transform":{"headers":{"x-api-key":{"env":"CANARY_KEY"}}}}]`)
+	serve := func(peer Peer) {
+		t.Helper()
+		c, s := net.Pipe()
+		done := make(chan struct{})
+		go func() { e.proxy.ServePeer(context.Background(), s, e.tenant, peer); close(done) }()
+		c.SetDeadline(time.Now().Add(20 * time.Second))
+		io.WriteString(c, "CONNECT evil.example.com:443 HTTP/1.1\r\nHost: x\r\n\r\n")
+		http.ReadResponse(bufio.NewReader(c), nil)
+		c.Close()
+		<-done
+	}
+	serve(Peer{PID: 4242, Args: []string{"curl", "-H", "Authorization: Bearer mine", "https://evil.example.com"}})
+	serve(Peer{PID: 7, Args: []string{"sh", "-c", "echo " + canary}})
+	serve(Peer{})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := e.tenant.Drain(ctx); err != nil {
+		t.Fatal(err)
+	}
+	evs := e.rings.Events(e.tenant.ID())
+	if len(evs) != 3 {
+		t.Fatalf("%d events once drained, want 3: %+v", len(evs), evs)
+	}
+	if evs[0].PID != 4242 || evs[0].Cmd != "curl -H Authorization: [REDACTED] https://evil.example.com" {
+		t.Errorf("first event names %d %q", evs[0].PID, evs[0].Cmd)
+	}
+	if evs[1].PID != 7 || strings.Contains(evs[1].Cmd, "echo") || !strings.HasPrefix(evs[1].Cmd, audit.Redacted) {
+		t.Errorf("a command line holding the sandbox's secret is %q", evs[1].Cmd)
+	}
+	if evs[2].PID != 0 || evs[2].Cmd != "" {
+		t.Errorf("an unknown peer is %d %q", evs[2].PID, evs[2].Cmd)
 	}
 }

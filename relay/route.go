@@ -53,7 +53,8 @@ type answerer interface {
 // connection should close lingering).
 func (cc *clientConn) carry(ctx context.Context, a answerer, req *http.Request, t target, conn net.Conn) (keep, linger bool) {
 	start := time.Now()
-	ev := audit.Event{Sandbox: cc.tenant.id, Kind: audit.Route, Host: t.host, Port: t.port, Method: req.Method, Path: pathOnly(t.rest)}
+	ev := cc.event(audit.Route)
+	ev.Host, ev.Port, ev.Method, ev.Path = t.host, t.port, req.Method, pathOnly(t.rest)
 	if t.icpt != nil {
 		ev.Kind, ev.InterceptRule = audit.Intercept, t.icpt.rule
 	}

@@ -1,8 +1,10 @@
 package snapshot
 
 import (
+	"archive/tar"
 	"bytes"
 	"context"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -170,5 +172,30 @@ func TestDeltaNeedsIndex(t *testing.T) {
 	_, m := packDir(t, dir, PackOptions{})
 	if _, err := Pack(context.Background(), dir, &bytes.Buffer{}, PackOptions{Base: m}); err == nil || !strings.Contains(err.Error(), "index") {
 		t.Fatalf("got %v, want an error naming the missing index", err)
+	}
+}
+
+// PackStream reports its progress as Pack does: the source's bytes read,
+// after each entry, growing to the whole stream (a suspend's progress bar
+// stood still at nothing).
+func TestPackStreamProgress(t *testing.T) {
+	src := tarOf(t,
+		&tar.Header{Name: "a", Typeflag: tar.TypeReg, Size: 100 << 10},
+		&tar.Header{Name: "d/", Typeflag: tar.TypeDir, Mode: 0o755},
+		&tar.Header{Name: "d/b", Typeflag: tar.TypeReg, Size: 300 << 10})
+	var got []int64
+	if _, err := PackStream(context.Background(), bytes.NewReader(src), io.Discard, PackOptions{Progress: func(n int64) { got = append(got, n) }}); err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 3 {
+		t.Fatalf("progress %v: want one report per entry", got)
+	}
+	for i := 1; i < len(got); i++ {
+		if got[i] < got[i-1] {
+			t.Errorf("progress went back: %v", got)
+		}
+	}
+	if got[2] < 400<<10 || got[2] > int64(len(src)) {
+		t.Errorf("progress %v, want the last near the stream's %d bytes", got, len(src))
 	}
 }

@@ -35,6 +35,11 @@ func PackStream(ctx context.Context, src io.Reader, w io.Writer, opts PackOption
 	for _, f := range base.Files {
 		idx[f.Path] = f
 	}
+	var read *countReader // the stream's bytes, for Progress
+	if opts.Progress != nil {
+		read = &countReader{r: src}
+		src = read
+	}
 	in, err := openTar(src, DefaultMaxBytes)
 	if err != nil {
 		return nil, fmt.Errorf("pack stream: %w", err)
@@ -48,6 +53,9 @@ func PackStream(ctx context.Context, src io.Reader, w io.Writer, opts PackOption
 	forced := map[string]bool{}  // directories newly opaque: everything below is written
 	written := map[string]bool{} // paths written in full, for hardlinks to them
 	err = eachEntry(ctx, in.tr, DefaultMaxBytes, func(h *tar.Header, r io.Reader) error {
+		if read != nil {
+			defer func() { opts.Progress(read.n.Load()) }()
+		}
 		fi, dir, err := streamInfo(h)
 		if err != nil {
 			return err

@@ -50,6 +50,19 @@ func (c *hashingReader) Read(p []byte) (int, error) {
 
 func (c *hashingReader) digest() string { return "sha256:" + hex.EncodeToString(c.h.Sum(nil)) }
 
+// countReader counts what is read through it; n may be loaded from
+// another goroutine (progress reports).
+type countReader struct {
+	r io.Reader
+	n atomic.Int64
+}
+
+func (c *countReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n.Add(int64(n))
+	return n, err
+}
+
 // cappedReader fails once more than max bytes have been read: the
 // decompressed-size cap that defeats decompression bombs.
 type cappedReader struct {

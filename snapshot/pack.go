@@ -32,7 +32,8 @@ type PackOptions struct {
 	// Parent, ImageID and SandboxID are copied into the manifest.
 	Parent, ImageID, SandboxID string
 	// Progress, if set, is called after each entry with the tar bytes
-	// written so far.
+	// written so far (Pack), or the bytes of the source stream read so
+	// far (PackStream, whose entries a delta may skip).
 	Progress func(tarBytes int64)
 }
 

@@ -55,7 +55,7 @@ func (gcloudSource) Token(ctx context.Context) (Token, error) {
 		if errors.Is(err, exec.ErrNotFound) {
 			msg = "gcloud is not installed (or not on PATH)"
 		}
-		return Token{}, fmt.Errorf("gcloud auth print-identity-token: %v: %s (log in with 'gcloud auth login'; on Google Cloud use the metadata server instead: --auth metadata, client.MetadataIdentity)", err, msg)
+		return Token{}, fmt.Errorf("gcloud auth print-identity-token: %v: %s (log in with 'gcloud auth login'; on Google Cloud, take the identity token from the metadata server instead)", err, msg)
 	}
 	tok := strings.TrimSpace(string(out))
 	if tok == "" {
@@ -94,7 +94,7 @@ func (m *metadataSource) Token(ctx context.Context) (Token, error) {
 	if m.src == nil {
 		ts, err := idtoken.NewTokenSource(ctx, m.audience)
 		if err != nil {
-			return Token{}, fmt.Errorf("identity token from the metadata server for %s: %w (off Google Cloud, use --auth gcloud, client.GcloudIdentity)", m.audience, err)
+			return Token{}, fmt.Errorf("identity token from the metadata server for %s: %w (off Google Cloud, take the identity token from gcloud instead)", m.audience, err)
 		}
 		m.src = ts
 	}

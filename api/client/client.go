@@ -23,6 +23,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -55,6 +56,14 @@ type Client struct {
 	hc      *http.Client
 	retries int
 
+	// shards are the services sharing one store, primary the base's
+	// (WithShards); each sandbox's calls go to the one running it.
+	primary *shard
+	identOf TokenSource // what each shard's identity tokens come from
+	smu     sync.Mutex
+	shards  []*shard          // guarded by smu
+	owners  map[string]*shard // learned from HeaderOwner, by sandbox
+
 	tmu    sync.Mutex
 	builds map[string]*templateBuild // templates being built, by id
 }
@@ -68,6 +77,17 @@ type options struct {
 	identSet bool
 	hc       *http.Client
 	retries  int
+	shards   []string
+}
+
+// WithShards gives the URLs of the other services sharing the first's
+// store (its shards; deploy/README.md). Each sandbox's calls go straight to
+// the shard running it: chosen by rendezvous hashing of its name over all
+// of them, corrected by the shard that answers (which names the owner in
+// x-sandgate-owner). Any shard forwards a call to the owner anyway, so
+// this saves a hop; calls that name no sandbox go to the first URL.
+func WithShards(urls ...string) Option {
+	return func(o *options) { o.shards = append(o.shards, urls...) }
 }
 
 // WithToken gives the service token (the service's SANDBOX_SERVICE_TOKEN),
@@ -103,16 +123,11 @@ func New(serviceURL string, opts ...Option) (*Client, error) {
 	for _, opt := range opts {
 		opt(&o)
 	}
-	u, err := url.Parse(serviceURL)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("service URL %q: want http:// or https:// and a host, such as https://sandgate-abc.a.run.app", serviceURL)
+	u, err := parseServiceURL(serviceURL)
+	if err != nil {
+		return nil, err
 	}
-	if u.RawQuery != "" || u.Fragment != "" || u.User != nil {
-		return nil, fmt.Errorf("service URL %q: want no query, fragment or user", serviceURL)
-	}
-	u.Path = strings.TrimSuffix(u.Path, "/")
-	u.RawPath = ""
-	c := &Client{base: u, token: o.token, hc: o.hc, retries: o.retries, builds: map[string]*templateBuild{}}
+	c := &Client{base: u, token: o.token, hc: o.hc, retries: o.retries, builds: map[string]*templateBuild{}, owners: map[string]*shard{}}
 	if c.hc == nil {
 		t := http.DefaultTransport.(*http.Transport).Clone()
 		t.MaxIdleConnsPerHost = 16
@@ -122,11 +137,18 @@ func New(serviceURL string, opts ...Option) (*Client, error) {
 	if !o.identSet && strings.HasSuffix(strings.ToLower(u.Hostname()), ".run.app") {
 		ts = GcloudIdentity()
 	}
-	if ts != nil {
-		if a, ok := ts.(audienced); ok {
-			ts = a.withAudience(u.Scheme + "://" + u.Host)
+	c.identOf = ts
+	c.ident = c.identFor(u)
+	c.primary = &shard{base: u, ident: c.ident}
+	c.shards = []*shard{c.primary}
+	for _, su := range o.shards {
+		u, err := parseServiceURL(su)
+		if err != nil {
+			return nil, fmt.Errorf("shard: %w", err)
 		}
-		c.ident = &tokenCache{src: ts, now: time.Now}
+		if c.shardOf(u) == nil {
+			c.shards = append(c.shards, &shard{base: u, ident: c.identFor(u)})
+		}
 	}
 	return c, nil
 }
@@ -165,6 +187,7 @@ const (
 	routeModules        = "PUT /v1/sandboxes/{name}/modules"
 	routeAudit          = "GET /v1/sandboxes/{name}/audit"
 	routeTCP            = "GET /v1/sandboxes/{name}/tcp/{port}"
+	routePTY            = "GET /v1/sandboxes/{name}/pty"
 	routePorts          = "GET /v1/sandboxes/{name}/ports/{port}" // the port tunnel (PortEndpoint)
 )
 
@@ -173,7 +196,7 @@ func Routes() []string {
 	return []string{routeHealth, routeOpenAPI, routeCreate, routeList, routeGet, routeResume, routeSuspend, routeDestroy,
 		routeExec, routeWait, routeOutput, routeKill, routeKillAll, routeAddTransforms, routeSetTransforms, routeNetwork,
 		routeSaveTemplate, routeTemplates, routeTemplate, routeDeleteTemplate, routeFork, routeReadFile, routeWriteFile,
-		routeWorkspaceOut, routeWorkspaceIn, routeModules, routeAudit, routeTCP, routePorts}
+		routeWorkspaceOut, routeWorkspaceIn, routeModules, routeAudit, routeTCP, routePTY, routePorts}
 }
 
 // namePattern is protocol 1's rule for sandbox and template names.
@@ -192,6 +215,116 @@ func NewSandboxID() string {
 	var b [4]byte
 	rand.Read(b[:])
 	return "ai-sdk-" + hex.EncodeToString(b[:])
+}
+
+// parseServiceURL checks a service's URL.
+func parseServiceURL(serviceURL string) (*url.URL, error) {
+	u, err := url.Parse(serviceURL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("service URL %q: want http:// or https:// and a host, such as https://sandgate-abc.a.run.app", serviceURL)
+	}
+	if u.RawQuery != "" || u.Fragment != "" || u.User != nil {
+		return nil, fmt.Errorf("service URL %q: want no query, fragment or user", serviceURL)
+	}
+	u.Path = strings.TrimSuffix(u.Path, "/")
+	u.RawPath = ""
+	return u, nil
+}
+
+// shard is one of the services a client sends calls to.
+type shard struct {
+	base  *url.URL
+	ident *tokenCache // nil: no identity token
+}
+
+// identFor is the identity-token cache for the service at u: tokens for
+// its own audience (Cloud Run's IAM checks it).
+func (c *Client) identFor(u *url.URL) *tokenCache {
+	ts := c.identOf
+	if ts == nil {
+		return nil
+	}
+	if a, ok := ts.(audienced); ok {
+		ts = a.withAudience(u.Scheme + "://" + u.Host)
+	}
+	return &tokenCache{src: ts, now: time.Now}
+}
+
+// shardOf is the known shard at u's scheme and host, nil if none (the
+// caller holds smu, or is New).
+func (c *Client) shardOf(u *url.URL) *shard {
+	for _, s := range c.shards {
+		if s.base.Scheme == u.Scheme && strings.EqualFold(s.base.Host, u.Host) {
+			return s
+		}
+	}
+	return nil
+}
+
+// target is the shard sandbox id's calls go to: the one that last said it
+// runs it, else the one rendezvous hashing picks; the first for none.
+func (c *Client) target(id string) *shard {
+	c.smu.Lock()
+	defer c.smu.Unlock()
+	if id == "" || len(c.shards) == 1 {
+		return c.primary
+	}
+	if s := c.owners[id]; s != nil {
+		return s
+	}
+	var best *shard
+	var bestScore []byte
+	for _, s := range c.shards {
+		h := sha256.Sum256([]byte(id + "\x00" + s.base.String()))
+		if best == nil || bytes.Compare(h[:], bestScore) > 0 {
+			best, bestScore = s, h[:]
+		}
+	}
+	return best
+}
+
+// learn notes the owner a shard named for sandbox id (HeaderOwner): its
+// next calls go there. An owner not among the shards given joins them.
+func (c *Client) learn(id string, resp *http.Response) {
+	owner := resp.Header.Get(api.HeaderOwner)
+	if id == "" || owner == "" || owner == c.primary.base.String() && c.target(id) == c.primary {
+		return
+	}
+	u, err := parseServiceURL(owner)
+	if err != nil {
+		return // a shard without a URL: its calls keep going where they went
+	}
+	c.smu.Lock()
+	defer c.smu.Unlock()
+	s := c.shardOf(u)
+	if s == nil {
+		s = &shard{base: u, ident: c.identFor(u)}
+		c.shards = append(c.shards, s)
+	}
+	if len(c.owners) > 100000 {
+		clear(c.owners)
+	}
+	c.owners[id] = s
+}
+
+// sandboxOf is the sandbox a call is about: its name parameter, or the
+// name in a create's body; "" for none.
+func (cl call) sandboxOf() string {
+	_, p, _ := strings.Cut(cl.route, " ")
+	if strings.HasPrefix(p, "/v1/sandboxes/{name}") && len(cl.args) > 0 {
+		return cl.args[0]
+	}
+	if cl.route == routeCreate {
+		if b, ok := cl.body.([]byte); ok {
+			var v struct {
+				Name string `json:"name"`
+			}
+			if json.Unmarshal(b, &v) == nil {
+				return v.Name
+			}
+		}
+	}
+	return ""
 }
 
 // call is one request to the service.
@@ -296,6 +429,7 @@ func (c *Client) do(ctx context.Context, cl call) (*http.Response, error) {
 			drain(resp)
 			return nil, &ProtocolError{Request: cl.String(), Client: protocolVersion, Service: strings.Join(v, ",")}
 		}
+		c.learn(cl.sandboxOf(), resp)
 		if cl.accepts(resp.StatusCode) {
 			return resp, nil
 		}
@@ -305,7 +439,9 @@ func (c *Client) do(ctx context.Context, cl call) (*http.Response, error) {
 			// The front end refused the identity token: it may have
 			// expired early (clock skew); fetch a new one, once.
 			drain(resp)
-			c.ident.invalidate()
+			if id := c.target(cl.sandboxOf()).ident; id != nil {
+				id.invalidate()
+			}
 			refreshed = true
 			attempt--
 			continue
@@ -326,7 +462,8 @@ func (c *Client) do(ctx context.Context, cl call) (*http.Response, error) {
 // service token and the identity token.
 func (c *Client) request(ctx context.Context, cl call) (*http.Request, error) {
 	method, p := cl.path()
-	target := c.base.String() + p // p is escaped already
+	sh := c.target(cl.sandboxOf())
+	target := sh.base.String() + p // p is escaped already
 	if len(cl.query) > 0 {
 		target += "?" + cl.query.Encode()
 	}
@@ -353,22 +490,28 @@ func (c *Client) request(ctx context.Context, cl call) (*http.Request, error) {
 	if cl.body != nil && !cl.raw {
 		req.Header.Set("Content-Type", "application/json")
 	}
-	if err := c.authorize(ctx, req.Header); err != nil {
+	if err := c.authorizeFor(ctx, sh, req.Header); err != nil {
 		return nil, fmt.Errorf("%s: %w", cl, err)
 	}
 	return req, nil
 }
 
-// authorize sets the headers every call and port connection carries.
+// authorize sets the headers every call and port connection to the first
+// service carries.
 func (c *Client) authorize(ctx context.Context, h http.Header) error {
+	return c.authorizeFor(ctx, c.primary, h)
+}
+
+// authorizeFor sets the headers of a call to shard sh.
+func (c *Client) authorizeFor(ctx context.Context, sh *shard, h http.Header) error {
 	h.Set(headerProtocol, protocolVersion)
 	if c.token != "" {
 		h.Set(api.HeaderToken, c.token)
 	}
-	if c.ident != nil {
-		tok, err := c.ident.token(ctx)
+	if sh.ident != nil {
+		tok, err := sh.ident.token(ctx)
 		if err != nil {
-			return categorize(ErrAuthentication, err, "getting an identity token for %s: %v", c.base.Host, err)
+			return categorize(ErrAuthentication, err, "getting an identity token for %s: %v", sh.base.Host, err)
 		}
 		h.Set("Authorization", "Bearer "+tok)
 	}
@@ -389,14 +532,14 @@ func (c *Client) errorOf(cl call, resp *http.Response) error {
 	switch {
 	case (resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden) && fromFront:
 		if c.ident == nil {
-			return categorize(ErrAuthentication, se, "the front end of %s refused a call without an identity token: it needs one (Cloud Run IAM): use an identity source (--auth gcloud, or --auth metadata on Google Cloud; client.WithIdentity)", c.base.Host)
+			return categorize(ErrAuthentication, se, "the front end of %s refused a call without an identity token: it needs one (Cloud Run's IAM): give the client an identity source (gcloud's, or the metadata server's on Google Cloud)", c.base.Host)
 		}
-		return categorize(ErrAuthentication, se, "the front end of %s refused the identity token: grant the caller's account roles/run.invoker on the service (gcloud run services add-iam-policy-binding SERVICE --member=user:YOU --role=roles/run.invoker), and check that the token is for this service (--auth)", c.base.Host)
+		return categorize(ErrAuthentication, se, "the front end of %s refused the identity token: grant the caller's account roles/run.invoker on the service (gcloud run services add-iam-policy-binding SERVICE --member=user:YOU --role=roles/run.invoker), and check that the identity token is for this service", c.base.Host)
 	case resp.StatusCode == http.StatusUnauthorized:
 		if c.token == "" {
-			return categorize(ErrAuthentication, se, "the service wants its service token and none was given: give it (--token, SANDBOX_SERVICE_TOKEN; client.WithToken)")
+			return categorize(ErrAuthentication, se, "the service wants its service token and none was given: give the client the service's SANDBOX_SERVICE_TOKEN")
 		}
-		return categorize(ErrAuthentication, se, "the service refused the service token: check it is the service's SANDBOX_SERVICE_TOKEN (--token; client.WithToken)")
+		return categorize(ErrAuthentication, se, "the service refused the service token: check that it is the service's SANDBOX_SERVICE_TOKEN")
 	case resp.StatusCode == http.StatusForbidden:
 		return categorize(ErrAuthentication, se, "the service refused the call: %s", msg)
 	case resp.StatusCode == http.StatusNotImplemented:

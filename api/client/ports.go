@@ -27,10 +27,11 @@ func (s *Session) DialPort(ctx context.Context, port int) (net.Conn, error) {
 	c := s.r.sb.c
 	cl := call{route: routeTCP, args: []string{s.ID(), strconv.Itoa(port)}}
 	_, p := cl.path()
-	u := *c.base
+	sh := c.target(s.ID())
+	u := *sh.base
 	u.Scheme = map[string]string{"http": "ws", "https": "wss"}[u.Scheme]
 	h := http.Header{}
-	if err := c.authorize(ctx, h); err != nil {
+	if err := c.authorizeFor(ctx, sh, h); err != nil {
 		return nil, err
 	}
 	ws, resp, err := websocket.Dial(ctx, u.String()+p, &websocket.DialOptions{HTTPClient: c.hc, HTTPHeader: h})

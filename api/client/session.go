@@ -1,7 +1,6 @@
 package client
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -10,7 +9,6 @@ import (
 	"io"
 	"iter"
 	"net/http"
-	"net/url"
 	"slices"
 	"strconv"
 	"sync"
@@ -85,7 +83,8 @@ func (c *Client) newSession(d api.Description, ports []int) *Session {
 	return &Session{r: &Restricted{sb: sb}, ports: slices.Clone(ports)}
 }
 
-// networkBody is the body of create and resume.
+// networkBody is the body of create and resume: protocol 1's allowed
+// hosts, or sandgate's whole policy.
 func networkBody(hosts []string, policy *NetworkPolicy, baseURLs map[string]string) (map[string]any, error) {
 	body := map[string]any{}
 	if policy != nil {
@@ -95,11 +94,8 @@ func networkBody(hosts []string, policy *NetworkPolicy, baseURLs map[string]stri
 		if err := policy.check(); err != nil {
 			return nil, err
 		}
-		// The hosts alone first (protocol 1), so the sandbox is never
-		// wider open than asked; the whole policy follows.
-		hosts = policy.allowedHosts()
-	}
-	if hosts != nil {
+		body["policy"] = policy
+	} else if hosts != nil {
 		body["allowedHosts"] = hosts
 	}
 	if len(baseURLs) > 0 {
@@ -150,7 +146,7 @@ func (c *Client) Create(ctx context.Context, opts CreateOptions) (*Session, erro
 			}
 			body["template"] = tid
 		}
-		s, err := c.create(ctx, id, body, opts.NetworkPolicy, opts.Ports)
+		s, err := c.create(ctx, id, body, opts.Ports)
 		if errors.Is(err, ErrTemplateNotFound) && opts.Template != nil && attempt == 0 {
 			// Deleted since this process made sure of it: build it again.
 			c.forgetTemplate(body["template"].(string))
@@ -171,29 +167,20 @@ func (c *Client) Create(ctx context.Context, opts CreateOptions) (*Session, erro
 	}
 }
 
-// create is POST /v1/sandboxes, then the whole policy when there is one.
-func (c *Client) create(ctx context.Context, id string, body map[string]any, policy *NetworkPolicy, ports []int) (*Session, error) {
+// create is POST /v1/sandboxes.
+func (c *Client) create(ctx context.Context, id string, body map[string]any, ports []int) (*Session, error) {
 	body["name"] = id
 	var d api.Description
 	_, err := c.doJSON(ctx, call{route: routeCreate, body: jsonBody(body)}, &d)
 	switch st := statusOf(err); {
 	case st == http.StatusConflict:
-		return nil, categorize(ErrSandboxExists, err, "sandbox %q exists (running or suspended): Create never resumes; Resume it, or pick another name", id)
+		return nil, categorize(ErrSandboxExists, err, "sandbox %q exists (running or suspended): create never resumes; resume it, or pick another name", id)
 	case st == http.StatusNotFound && body["template"] != nil:
 		return nil, categorize(ErrTemplateNotFound, err, "template %s is not in the service's namespace", body["template"])
 	case err != nil:
 		return nil, err
 	}
-	s := c.newSession(d, ports)
-	if policy != nil {
-		if err := s.SetNetworkPolicy(ctx, *policy); err != nil {
-			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
-			defer cancel()
-			s.Destroy(dctx)
-			return nil, err
-		}
-	}
-	return s, nil
+	return c.newSession(d, ports), nil
 }
 
 // runSetup runs setup commands in order, stopping at the first failure.
@@ -204,10 +191,19 @@ func runSetup(ctx context.Context, r *Restricted, setup []string) error {
 			return fmt.Errorf("setup command %q: %w", cmd, err)
 		}
 		if res.ExitCode != 0 {
-			return fmt.Errorf("setup command %q exited with %d: %s", cmd, res.ExitCode, bytes.TrimSpace(res.Stderr))
+			return fmt.Errorf("setup command %q exited with %d%s", cmd, res.ExitCode, said(res.Stderr))
 		}
 	}
 	return nil
+}
+
+// said is ": " and what a failed command wrote to stderr, trimmed, or ""
+// when it wrote nothing (a message never ends in a colon).
+func said(stderr []byte) string {
+	if s := bytes.TrimSpace(stderr); len(s) > 0 {
+		return ": " + string(s)
+	}
+	return ""
 }
 
 // Resume starts a suspended sandbox again from its snapshot (or, if it
@@ -226,19 +222,13 @@ func (c *Client) Resume(ctx context.Context, id string, opts ResumeOptions) (*Se
 		return nil, err
 	}
 	var d api.Description
-	if _, err := c.doJSON(ctx, call{route: routeResume, args: []string{id}, body: jsonBody(body)}, &d); err != nil {
+	if _, err := c.doLong(ctx, call{route: routeResume, args: []string{id}, body: jsonBody(body)}, &d); err != nil {
 		if statusOf(err) == http.StatusNotFound {
 			return nil, categorize(ErrSandboxNotFound, err, "no sandbox %q, running or suspended", id)
 		}
 		return nil, err
 	}
-	s := c.newSession(d, opts.Ports)
-	if opts.NetworkPolicy != nil {
-		if err := s.SetNetworkPolicy(ctx, *opts.NetworkPolicy); err != nil {
-			return nil, err
-		}
-	}
-	return s, nil
+	return c.newSession(d, opts.Ports), nil
 }
 
 // Attach returns a session of a running sandbox as it is, changing
@@ -279,9 +269,12 @@ func (c *Client) info(ctx context.Context, id string) (SandboxInfo, error) {
 
 func sandboxInfo(in api.Sandbox) SandboxInfo {
 	out := SandboxInfo{Name: in.Name, State: in.State, Created: in.Created, LayerBytes: in.LayerBytes, Template: in.Template,
-		OpenPorts: in.Ports, BaseURLs: in.BaseURLs, Home: in.Home, WorkingDirectory: in.WorkDir}
+		OpenPorts: in.Ports, BaseURLs: in.BaseURLs, Home: in.Home, WorkingDirectory: in.WorkDir, Shard: in.Shard}
 	if in.LastActive != nil {
 		out.LastActive = *in.LastActive
+	}
+	for _, m := range in.Modules {
+		out.Modules = append(out.Modules, ModuleInfo{Name: m.Name, Digest: m.Digest, Bytes: m.Bytes})
 	}
 	if in.Policy != nil {
 		if b, err := json.Marshal(in.Policy); err == nil {
@@ -313,7 +306,7 @@ func (c *Client) Suspend(ctx context.Context, id string) error {
 	if err := checkName("sandbox", id); err != nil {
 		return err
 	}
-	_, err := c.doJSON(ctx, call{route: routeSuspend, args: []string{id}, idempotent: true}, nil)
+	_, err := c.doLong(ctx, call{route: routeSuspend, args: []string{id}, idempotent: true}, nil)
 	return err
 }
 
@@ -476,48 +469,16 @@ func (s *Session) SetModules(ctx context.Context, mods []Module) error {
 	return s.notRunning(err)
 }
 
-// Audit returns the sandbox's recent egress decisions, oldest first.
-func (s *Session) Audit(ctx context.Context) ([]AuditEvent, error) {
-	var out struct {
-		Events []AuditEvent `json:"events"`
-	}
-	if _, err := s.r.sb.c.doJSON(ctx, call{route: routeAudit, args: []string{s.ID()}, idempotent: true}, &out); err != nil {
-		return nil, s.notRunning(err)
-	}
-	return out.Events, nil
+// Audit returns a page of the sandbox's egress events that q selects;
+// see Client.Audit.
+func (s *Session) Audit(ctx context.Context, q AuditQuery) (AuditPage, error) {
+	return s.r.sb.c.Audit(ctx, s.ID(), q)
 }
 
-// FollowAudit yields the sandbox's recent egress decisions, then each new
-// one as it happens, until ctx ends (then it stops without an error), the
-// sandbox stops running, or the stream fails (yielded as the last error).
-func (s *Session) FollowAudit(ctx context.Context) iter.Seq2[AuditEvent, error] {
-	return func(yield func(AuditEvent, error) bool) {
-		resp, err := s.r.sb.c.do(ctx, call{route: routeAudit, args: []string{s.ID()}, query: url.Values{"follow": {"1"}}})
-		if err != nil {
-			yield(AuditEvent{}, s.notRunning(err))
-			return
-		}
-		defer resp.Body.Close()
-		sc := bufio.NewScanner(resp.Body)
-		sc.Buffer(make([]byte, 64<<10), 4<<20)
-		for sc.Scan() {
-			line := bytes.TrimSpace(sc.Bytes())
-			if len(line) == 0 {
-				continue // keepalive
-			}
-			var e AuditEvent
-			if err := json.Unmarshal(line, &e); err != nil {
-				yield(AuditEvent{}, fmt.Errorf("audit of %s: an event that is not JSON: %w", s.ID(), err))
-				return
-			}
-			if !yield(e, nil) {
-				return
-			}
-		}
-		if err := sc.Err(); err != nil && ctx.Err() == nil {
-			yield(AuditEvent{}, fmt.Errorf("audit of %s: %w", s.ID(), err))
-		}
-	}
+// FollowAudit yields the sandbox's egress events that q selects, then each
+// new one as it happens; see Client.FollowAudit.
+func (s *Session) FollowAudit(ctx context.Context, q AuditQuery) iter.Seq2[AuditEvent, error] {
+	return s.r.sb.c.FollowAudit(ctx, s.ID(), q)
 }
 
 // KillAllProcesses stops every process started in the sandbox since it
@@ -562,20 +523,54 @@ func (s *Session) Destroy(ctx context.Context) error {
 // but none of its request transformations. A name that exists is
 // ErrSandboxExists.
 func (s *Session) Fork(ctx context.Context, name string) (*Session, error) {
-	if err := checkName("sandbox", name); err != nil {
-		return nil, err
-	}
-	var fr api.ForkResult
-	_, err := s.r.sb.c.doJSON(ctx, call{route: routeFork, args: []string{s.ID()}, body: jsonBody(map[string]string{"name": name})}, &fr)
-	switch st := statusOf(err); {
-	case st == http.StatusConflict:
-		return nil, categorize(ErrSandboxExists, err, "sandbox %q exists", name)
-	case st == http.StatusNotFound:
-		return nil, categorize(ErrSandboxNotFound, err, "no sandbox %q to fork", s.ID())
-	case err != nil:
+	fr, err := s.r.sb.c.fork(ctx, s.ID(), name)
+	if err != nil {
 		return nil, err
 	}
 	return s.r.sb.c.newSession(api.Description{Name: fr.Name, Home: fr.Home, WorkingDirectory: fr.WorkingDirectory}, s.Ports()), nil
+}
+
+// Fork copies sandbox src to a new sandbox dst and returns the copy's
+// state: "running" (a copy of a running sandbox's files, with its network
+// but none of its request transformations) or "suspended" (a copy of a
+// suspended sandbox's snapshot, to Resume). A dst that exists is
+// ErrSandboxExists; a src that is neither running nor suspended
+// ErrSandboxNotFound.
+func (c *Client) Fork(ctx context.Context, src, dst string) (string, error) {
+	if err := checkName("sandbox", src); err != nil {
+		return "", err
+	}
+	fr, err := c.fork(ctx, src, dst)
+	return fr.State, err
+}
+
+func (c *Client) fork(ctx context.Context, src, dst string) (api.ForkResult, error) {
+	var fr api.ForkResult
+	if err := checkName("sandbox", dst); err != nil {
+		return fr, err
+	}
+	_, err := c.doJSON(ctx, call{route: routeFork, args: []string{src}, body: jsonBody(map[string]string{"name": dst})}, &fr)
+	switch st := statusOf(err); {
+	case st == http.StatusConflict:
+		return fr, categorize(ErrSandboxExists, err, "sandbox %q exists", dst)
+	case st == http.StatusNotFound:
+		return fr, categorize(ErrSandboxNotFound, err, "no sandbox %q to fork, running or suspended", src)
+	case err != nil:
+		return fr, err
+	}
+	return fr, nil
+}
+
+// SaveTemplate saves the sandbox's files, as they are now, as template id
+// of the service's namespace (replacing one of that id); the sandbox
+// keeps running. Sandboxes made from it (CreateOptions.TemplateID) start
+// with those files and save only what differs.
+func (s *Session) SaveTemplate(ctx context.Context, id string) error {
+	if err := checkName("template", id); err != nil {
+		return err
+	}
+	_, err := s.r.sb.c.doLong(ctx, call{route: routeSaveTemplate, args: []string{s.ID()}, body: jsonBody(map[string]string{"id": id})}, nil)
+	return s.notRunning(err)
 }
 
 // PortEndpoint is how to reach port of the sandbox from outside, through
@@ -590,7 +585,8 @@ func (s *Session) PortEndpoint(ctx context.Context, port int, protocol string) (
 		return Endpoint{}, fmt.Errorf("%w: port %d is not exposed by sandbox %q (exposed: %v); add it with SetPorts", ErrCapabilityUnsupported, port, s.ID(), s.Ports())
 	}
 	c := s.r.sb.c
-	u := *c.base
+	sh := c.target(s.ID())
+	u := *sh.base
 	switch protocol {
 	case "", "http", "https":
 	case "ws":
@@ -600,7 +596,7 @@ func (s *Session) PortEndpoint(ctx context.Context, port int, protocol string) (
 	}
 	_, p := call{route: routePorts, args: []string{s.ID(), strconv.Itoa(port)}}.path()
 	h := http.Header{}
-	if err := c.authorize(ctx, h); err != nil {
+	if err := c.authorizeFor(ctx, sh, h); err != nil {
 		return Endpoint{}, err
 	}
 	return Endpoint{URL: u.String() + p, Header: h}, nil

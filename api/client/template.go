@@ -147,7 +147,7 @@ func (c *Client) ensureTemplate(ctx context.Context, id string, t Template) erro
 	if err != nil {
 		return fmt.Errorf("template %s: %w", id, err)
 	}
-	s, err := c.create(ctx, builder, body, t.NetworkPolicy, nil)
+	s, err := c.create(ctx, builder, body, nil)
 	if err != nil {
 		return fmt.Errorf("template %s: creating its builder: %w", id, err)
 	}
@@ -165,7 +165,7 @@ func (c *Client) ensureTemplate(ctx context.Context, id string, t Template) erro
 			return fmt.Errorf("template %s: preparing it: %w", id, err)
 		}
 	}
-	if _, err := c.doJSON(ctx, call{route: routeSaveTemplate, args: []string{builder}, body: jsonBody(map[string]string{"id": id})}, nil); err != nil {
+	if _, err := c.doLong(ctx, call{route: routeSaveTemplate, args: []string{builder}, body: jsonBody(map[string]string{"id": id})}, nil); err != nil {
 		return fmt.Errorf("template %s: saving it: %w", id, err)
 	}
 	return nil

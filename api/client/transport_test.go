@@ -150,7 +150,7 @@ func TestIdentityTokens(t *testing.T) {
 	// No identity at all where the front end wants one; and a token it
 	// never takes: the messages say what to do.
 	none, _ := client.New(url, client.WithToken(s.Token))
-	if _, err := none.List(ctx); !errors.Is(err, client.ErrAuthentication) || !strings.Contains(err.Error(), "--auth") {
+	if _, err := none.List(ctx); !errors.Is(err, client.ErrAuthentication) || !strings.Contains(err.Error(), "identity source") || strings.Contains(err.Error(), "--auth") || strings.Contains(err.Error(), "WithIdentity") {
 		t.Errorf("no identity: %v", err)
 	}
 	never, _ := client.New(url, client.WithToken(s.Token), client.WithIdentity(client.TokenFunc(func(context.Context) (client.Token, error) {

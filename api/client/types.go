@@ -76,18 +76,6 @@ func (p NetworkPolicy) check() error {
 	return nil
 }
 
-// allowedHosts is the protocol 1 form of the policy (no CIDRs): ["*"]
-// for allow-all, [] for deny-all.
-func (p NetworkPolicy) allowedHosts() []string {
-	switch p.Mode {
-	case ModeAllowAll:
-		return []string{"*"}
-	case ModeDenyAll:
-		return []string{}
-	}
-	return p.AllowedHosts
-}
-
 // StringMatcher matches a string exactly, by prefix, or by a regular
 // expression found anywhere in it. Make one with Exact, StartsWith or
 // Regex.
@@ -119,6 +107,9 @@ func (m *StringMatcher) UnmarshalJSON(b []byte) error {
 		return fmt.Errorf("a string matcher is one of {exact}, {startsWith}, {regex}: %s", b)
 	}
 	for k, s := range v {
+		if k != "exact" && k != "startsWith" && k != "regex" {
+			return fmt.Errorf("a string matcher is one of {exact}, {startsWith}, {regex}, not {%q}", k)
+		}
 		m.kind, m.value = k, s
 	}
 	return nil
@@ -165,60 +156,48 @@ type Module struct {
 	Config string `json:"config,omitempty"`
 }
 
-// AuditEvent is one egress decision of a sandbox: a CONNECT tunnel, a
-// captured connection, a routed or intercepted request, or a refused
-// lookup, allowed or refused, and why. It mirrors the service's
-// relay/audit.Event field for field (a test keeps them equal), so that the
-// client does not bring in the service's audit package and its metrics.
-type AuditEvent struct {
-	Time       time.Time     `json:"time"`
-	Sandbox    string        `json:"sandbox"`
-	Kind       string        `json:"kind"` // connect, route, refused, capture, intercept, dns
-	Host       string        `json:"host,omitempty"`
-	Port       int           `json:"port,omitempty"`
-	Method     string        `json:"method,omitempty"`
-	Path       string        `json:"path,omitempty"`
-	Allow      bool          `json:"allow"`
-	Code       string        `json:"code"`
-	Reason     string        `json:"reason"`
-	Rule       string        `json:"rule,omitempty"`
-	Addr       string        `json:"addr,omitempty"`
-	Status     int           `json:"status,omitempty"`
-	BytesIn    int64         `json:"bytes_in"`
-	BytesOut   int64         `json:"bytes_out"`
-	Duration   time.Duration `json:"duration_ns"`
-	DNSTime    time.Duration `json:"dns_ns,omitempty"`
-	Transforms []string      `json:"transforms,omitempty"`
-	Module     string        `json:"module,omitempty"`
-	Notes      []string      `json:"notes,omitempty"`
-	// NotesDropped counts the modules' notes over the service's caps.
-	NotesDropped int    `json:"notes_dropped,omitempty"`
-	Error        string `json:"error,omitempty"`
-	// InterceptRule is the policy's intercept rule the connection's TLS
-	// was terminated under; empty when its bytes were tunnelled as sent.
-	InterceptRule string `json:"intercept,omitempty"`
-}
-
-// SandboxInfo describes a sandbox, running or suspended.
+// SandboxInfo describes a sandbox, running or suspended. It marshals to
+// JSON exactly as the service describes a sandbox (GET
+// /v1/sandboxes/{name}): one shape for one thing, whoever prints it.
 type SandboxInfo struct {
-	Name             string
-	State            string // starting, running, suspending, suspended
-	Created          time.Time
-	LastActive       time.Time // zero if unknown
-	LayerBytes       int64     // its saved layer, when suspended
-	Template         string
-	OpenPorts        []int // ports with a tunnel or bridge connection open now
-	Policy           *NetworkPolicy
-	BaseURLs         map[string]string
-	Home             string
-	WorkingDirectory string
+	Name       string    `json:"name"`
+	State      string    `json:"state"` // starting, running, suspending, suspended
+	Created    time.Time `json:"created"`
+	LastActive time.Time `json:"lastActive,omitzero"` // zero if unknown
+	// LayerBytes is what its writable layer takes: on disk while it runs
+	// (where the sandbox CLI tells), its compressed snapshot when
+	// suspended.
+	LayerBytes int64  `json:"layerBytes"`
+	Template   string `json:"template,omitempty"`
+	// OpenPorts are the ports with a tunnel or bridge connection open now.
+	OpenPorts []int             `json:"ports,omitempty"`
+	Policy    *NetworkPolicy    `json:"policy,omitempty"`
+	BaseURLs  map[string]string `json:"baseUrls,omitempty"`
+	// Modules are its own WebAssembly transform modules (never their
+	// bytes).
+	Modules          []ModuleInfo `json:"modules,omitempty"`
+	Home             string       `json:"home"`
+	WorkingDirectory string       `json:"workingDirectory"`
+	// Shard is the shard running it, when several services share one
+	// store (WithShards).
+	Shard string `json:"shard,omitempty"`
 }
 
-// TemplateInfo describes a template of the service's namespace.
+// ModuleInfo describes one of a sandbox's own modules: its name, the
+// sha256 of its bytes ("sha256:<hex>") and their size (0 when not known:
+// a suspended sandbox's).
+type ModuleInfo struct {
+	Name   string `json:"name"`
+	Digest string `json:"digest"`
+	Bytes  int    `json:"bytes,omitempty"`
+}
+
+// TemplateInfo describes a template of the service's namespace. It
+// marshals as the service lists one (GET /v1/templates).
 type TemplateInfo struct {
-	ID         string
-	Created    time.Time
-	LayerBytes int64
+	ID         string    `json:"id"`
+	Created    time.Time `json:"created"`
+	LayerBytes int64     `json:"layerBytes"` // its layer in the store, compressed
 }
 
 // Endpoint is how to reach a port of a sandbox from outside: a URL, and

@@ -1,39 +1,65 @@
 package client_test
 
 import (
+	"bytes"
+	"encoding/json"
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sandgate/sandgate/api/client"
 	"github.com/sandgate/sandgate/relay/audit"
 )
 
-// AuditEvent mirrors relay/audit.Event on the wire (the client does not
-// import the service's audit package, which brings Prometheus): every JSON
-// field the service writes is one the client reads, with the same type.
+// AuditEvent reads the service's event line (the client does not import
+// the service's audit package, which brings Prometheus): every key the
+// service writes is a field the client reads, of a matching type, and the
+// client writes none the service does not; and the bytes it keeps are
+// the line's.
 func TestAuditEventMirrorsTheService(t *testing.T) {
-	fields := func(typ reflect.Type) map[string]string {
-		out := map[string]string{}
-		for f := range typ.Fields() {
-			name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
-			kind := f.Type.Kind().String()
-			if f.Type.Kind() == reflect.Slice {
-				kind += " of " + f.Type.Elem().Kind().String()
-			}
-			out[name] = kind
-		}
-		return out
+	e := audit.Event{Time: time.Unix(1, 5).UTC(), Sandbox: "s", Kind: audit.Route, Allow: true, Code: "c", Reason: "r", Host: "h", Port: 443,
+		PID: 1, Cmd: "npm i", Method: "GET", Path: "/", Rule: "x", Module: "m", Addr: "1.2.3.4:443", Status: 200, BytesIn: 1, BytesOut: 2,
+		Duration: time.Millisecond, DNSTime: time.Microsecond, Transforms: []string{"t"}, Notes: []string{"n"}, NotesDropped: 1, Error: "e"}
+	line := bytes.TrimSuffix(audit.AppendJSON(nil, &e), []byte("\n"))
+	var svc map[string]any
+	if err := json.Unmarshal(line, &svc); err != nil {
+		t.Fatal(err)
 	}
-	svc, cl := fields(reflect.TypeFor[audit.Event]()), fields(reflect.TypeFor[client.AuditEvent]())
-	for name, kind := range svc {
-		if cl[name] != kind {
-			t.Errorf("the service's audit field %q (%s) is %q in client.AuditEvent", name, kind, cl[name])
+	cl := map[string]reflect.Kind{}
+	for f := range reflect.TypeFor[client.AuditEvent]().Fields() {
+		if name, _, _ := strings.Cut(f.Tag.Get("json"), ","); f.IsExported() && name != "" {
+			cl[name] = f.Type.Kind()
 		}
 	}
-	for name := range cl {
-		if _, ok := svc[name]; !ok {
-			t.Errorf("client.AuditEvent has %q, which the service never writes", name)
+	kinds := map[string][]reflect.Kind{
+		"string": {reflect.String, reflect.Struct}, "float64": {reflect.Int, reflect.Int64, reflect.Float64}, "[]interface {}": {reflect.Slice},
+	}
+	for k, v := range svc {
+		got, ok := cl[k]
+		if !ok || !slicesContains(kinds[reflect.TypeOf(v).String()], got) {
+			t.Errorf("the service's key %q (%T) is %v in client.AuditEvent", k, v, got)
 		}
 	}
+	for k := range cl {
+		if _, ok := svc[k]; !ok {
+			t.Errorf("client.AuditEvent has %q, which the service never writes", k)
+		}
+	}
+	var ce client.AuditEvent
+	if err := json.Unmarshal(line, &ce); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(ce.JSON(), line) || ce.Cmd != "npm i" || !ce.Allow() || ce.DurationMS != 1 {
+		t.Errorf("read as %+v, bytes %s", ce, ce.JSON())
+	}
+}
+
+func slicesContains(ks []reflect.Kind, k reflect.Kind) bool {
+	for _, x := range ks {
+		if x == k {
+			return true
+		}
+	}
+	return false
 }

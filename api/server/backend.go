@@ -40,6 +40,7 @@ type lifecycleBackend interface {
 // execBackend: commands and their output.
 type execBackend interface {
 	Exec(ctx context.Context, id string, req appliance.ExecRequest) (*appliance.Process, error)
+	OpenTerminal(ctx context.Context, id string, req appliance.TerminalRequest) (*appliance.Terminal, error)
 	Process(id, pid string) (*appliance.Process, error)
 	KillAll(ctx context.Context, id string) error
 }
@@ -60,8 +61,8 @@ type egressBackend interface {
 	SetNetwork(ctx context.Context, id string, spec appliance.NetworkSpec) error
 	SetRules(ctx context.Context, id string, rules []transforms.Rule, add bool) error
 	SetModules(ctx context.Context, id string, srcs []appliance.ModuleSource) error
-	AuditEvents(ctx context.Context, id string) ([]audit.Event, error)
-	FollowAudit(id string) (kept []audit.Event, f *audit.Follower, done <-chan struct{}, stop func(), err error)
+	AuditEvents(ctx context.Context, id string, q audit.Query) (audit.Page, error)
+	FollowAudit(ctx context.Context, id string, q audit.Query, send func(line []byte) error) error
 }
 
 // templateBackend: templates of this service's namespace.

@@ -1,8 +1,6 @@
 package server
 
 import (
-	"github.com/sandgate/sandgate/appliance/agent"
-
 	"bytes"
 	"encoding/json"
 	"errors"
@@ -11,13 +9,43 @@ import (
 	"net/http"
 	"regexp"
 	"slices"
+	"strings"
+
+	"github.com/sandgate/sandgate/appliance"
+	"github.com/sandgate/sandgate/appliance/agent"
+	"github.com/sandgate/sandgate/netpolicy"
 )
 
 // object is a JSON request body checked field by field, protocol 1's way:
 // at most api.MaxJSONBody bytes (413), empty counts as {}, not JSON or not
 // an object is 400, a field of the wrong type is 400 naming the field.
-// Unknown fields are ignored.
+// Unknown fields are ignored, as protocol 1 says, in its own bodies; the
+// bodies of sandgate's own routes refuse them by name (only).
 type object map[string]json.RawMessage
+
+// only refuses a field other than known, naming it: in sandgate's own
+// bodies a misspelt field ("allowHosts") is a mistake to say, not an
+// absent field to ignore.
+func (o object) only(what string, known ...string) error {
+	for _, k := range slices.Sorted(maps.Keys(o)) {
+		if !slices.Contains(known, k) {
+			return badRequest("%s: unknown field %q (it takes %s)", what, k, quoteAll(known))
+		}
+	}
+	return nil
+}
+
+// quoteAll is "a", "b" and "c".
+func quoteAll(names []string) string {
+	q := make([]string, len(names))
+	for i, n := range names {
+		q[i] = `"` + n + `"`
+	}
+	if len(q) == 1 {
+		return q[0]
+	}
+	return strings.Join(q[:len(q)-1], ", ") + " and " + q[len(q)-1]
+}
 
 // readObject reads and checks a JSON object body of at most limit bytes.
 func readObject(r *http.Request, limit int64) (object, error) {
@@ -112,12 +140,15 @@ func (o object) strMap(name string) (map[string]string, bool, error) {
 
 // networkBody is the body create, resume and the network route share:
 // each present field is type-checked whether or not the route uses it.
+// policy is sandgate's: the whole harness policy, given instead of
+// allowedHosts.
 type networkBody struct {
 	allowedHosts    []string
 	hasAllowedHosts bool
 	baseURLs        map[string]string
 	template        string
 	name            string
+	policy          *netpolicy.Policy
 }
 
 func (o object) network() (networkBody, error) {
@@ -140,7 +171,26 @@ func (o object) network() (networkBody, error) {
 	if n.name, _, err = o.str("name"); err != nil {
 		return n, err
 	}
+	if raw, ok := o["policy"]; ok {
+		if n.hasAllowedHosts {
+			return n, badRequest(`give "allowedHosts" or "policy", not both (a policy lists its hosts in its own "allowedHosts")`)
+		}
+		p, err := netpolicy.ParsePolicy(raw)
+		if err != nil {
+			return n, badRequest("policy: %v", err)
+		}
+		n.policy = &p
+	}
 	return n, nil
+}
+
+// spec is the body's network: the policy when given, else the hosts;
+// base URLs with either.
+func (n networkBody) spec() appliance.NetworkSpec {
+	if n.policy != nil {
+		return appliance.NetworkSpec{Policy: n.policy, BaseURLs: n.baseURLs}
+	}
+	return appliance.NetworkSpec{AllowedHosts: n.allowedHosts, BaseURLs: n.baseURLs}
 }
 
 // namePattern is protocol 1's rule for sandbox and template names.

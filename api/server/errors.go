@@ -12,6 +12,7 @@ import (
 	"github.com/sandgate/sandgate/api"
 	"github.com/sandgate/sandgate/appliance"
 	"github.com/sandgate/sandgate/appliance/agent"
+	"github.com/sandgate/sandgate/appliance/cluster"
 	"github.com/sandgate/sandgate/netpolicy"
 	"github.com/sandgate/sandgate/transforms"
 	"github.com/sandgate/sandgate/transforms/wasm"
@@ -62,7 +63,8 @@ func status(err error) int {
 	case errors.Is(err, appliance.ErrNotFound), errors.Is(err, appliance.ErrNotRunning):
 		return http.StatusNotFound
 	case errors.Is(err, appliance.ErrCapacity), errors.Is(err, appliance.ErrStore),
-		errors.Is(err, appliance.ErrClosed), errors.Is(err, appliance.ErrBusy):
+		errors.Is(err, appliance.ErrClosed), errors.Is(err, appliance.ErrBusy),
+		errors.Is(err, appliance.ErrElsewhere), errors.Is(err, appliance.ErrFenced), errors.Is(err, agent.ErrExpired):
 		return http.StatusServiceUnavailable
 	case errors.Is(err, agent.ErrLinkDown):
 		return http.StatusBadGateway
@@ -92,6 +94,16 @@ func writeError(w http.ResponseWriter, err error) {
 	code := status(err)
 	if code == http.StatusServiceUnavailable {
 		w.Header().Set("Retry-After", "5")
+	}
+	var held *cluster.HeldError
+	if errors.As(err, &held) {
+		// It moved to another shard under this request: go there.
+		owner := held.Shard.URL
+		if owner == "" {
+			owner = held.Shard.ID
+		}
+		w.Header().Set(api.HeaderOwner, owner)
+		w.Header().Set("Retry-After", "1")
 	}
 	writeJSON(w, code, api.Error{Error: err.Error()})
 }

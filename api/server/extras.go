@@ -4,66 +4,112 @@ import (
 	_ "embed"
 	"encoding/base64"
 	"encoding/json"
+	"fmt"
 	"net/http"
+	"net/url"
+	"slices"
 	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sandgate/sandgate/appliance"
+	"github.com/sandgate/sandgate/relay/audit"
 )
 
-// audit serves a sandbox's egress decisions: the ones kept, as JSON, or
-// with ?follow=1 those as they happen, one JSON line each.
+// audit serves a sandbox's egress events, running or suspended, that the
+// query selects (since, until: RFC 3339 times; decision; host; cursor;
+// limit): a page as one JSON object, {"events": [...], "cursor": "...",
+// "more": bool}, each event the bytes of its audit line; or with follow,
+// every one so far then each new one as it happens, one line each, across
+// suspends and resumes, until the caller leaves or the sandbox is
+// destroyed.
 func (s *Server) audit(w http.ResponseWriter, r *http.Request) error {
 	name := r.PathValue("name")
 	if err := checkSandboxName(name); err != nil {
 		return err
 	}
-	if r.URL.Query().Get("follow") == "" || r.URL.Query().Get("follow") == "0" {
-		events, err := s.b.AuditEvents(r.Context(), name)
-		if err != nil {
-			return err
-		}
-		writeJSON(w, http.StatusOK, map[string]any{"events": events})
-		return nil
-	}
-	kept, f, gone, stop, err := s.b.FollowAudit(name)
+	q, err := auditQuery(r.URL.Query())
 	if err != nil {
 		return err
 	}
-	defer stop()
-	w.Header().Set("Content-Type", "application/x-ndjson")
+	if f := r.URL.Query().Get("follow"); f == "" || f == "0" {
+		page, err := s.b.AuditEvents(r.Context(), name, q)
+		if err != nil {
+			return err
+		}
+		b := []byte(`{"events":[`)
+		for i, l := range page.Lines {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = append(b, l...)
+		}
+		b = append(b, `],"cursor":`...)
+		b = strconv.AppendQuote(b, page.Next.String())
+		b = append(b, `,"more":`...)
+		b = strconv.AppendBool(b, page.More)
+		b = append(b, "}\n"...)
+		w.Header().Set("Content-Type", "application/json")
+		w.Write(b)
+		return nil
+	}
 	rc := http.NewResponseController(w)
-	w.WriteHeader(http.StatusOK)
-	rc.Flush()
-	enc := json.NewEncoder(w)
-	for _, e := range kept {
-		if enc.Encode(e) != nil {
-			return nil
+	started := false
+	buf := make([]byte, 0, 1024)
+	err = s.b.FollowAudit(r.Context(), name, q, func(line []byte) error {
+		if !started {
+			started = true
+			w.Header().Set("Content-Type", "application/x-ndjson")
+			w.WriteHeader(http.StatusOK)
+			if line == nil {
+				return rc.Flush() // the stream is open
+			}
+		}
+		buf = append(append(buf[:0], line...), '\n') // nil: a keep-alive, an empty line
+		if _, err := w.Write(buf); err != nil {
+			return err
+		}
+		return rc.Flush()
+	})
+	if started {
+		return nil // the stream ended; its status is long sent
+	}
+	return err
+}
+
+// auditQuery reads an audit request's query: each bad value is named.
+func auditQuery(v url.Values) (audit.Query, error) {
+	var q audit.Query
+	for _, k := range []string{"since", "until"} {
+		s := v.Get(k)
+		if s == "" {
+			continue
+		}
+		t, err := time.Parse(time.RFC3339Nano, s)
+		if err != nil {
+			return q, badRequest("%s %q: want an RFC 3339 time such as 2025-06-01T00:00:00Z", k, audit.Truncate(s, 80))
+		}
+		if k == "since" {
+			q.Since = t
+		} else {
+			q.Until = t
 		}
 	}
-	rc.Flush()
-	keepalive := time.NewTicker(30 * time.Second)
-	defer keepalive.Stop()
-	for {
-		select {
-		case <-r.Context().Done():
-			return nil
-		case <-gone:
-			return nil
-		case e := <-f.C:
-			if enc.Encode(e) != nil {
-				return nil
-			}
-			rc.Flush()
-		case <-keepalive.C:
-			if _, err := w.Write([]byte("\n")); err != nil {
-				return nil
-			}
-			rc.Flush()
+	q.Decision, q.Host = v.Get("decision"), v.Get("host")
+	var err error
+	if q.After, err = audit.ParseCursor(v.Get("cursor")); err != nil {
+		return q, badRequest("cursor: %v", err)
+	}
+	if l := v.Get("limit"); l != "" {
+		if q.Limit, err = strconv.Atoi(l); err != nil || q.Limit < 1 {
+			return q, badRequest("limit %q: want 1 to %d", audit.Truncate(l, 20), audit.MaxLimit)
 		}
 	}
+	if err := q.Check(); err != nil {
+		return q, badRequest("%v", err)
+	}
+	return q, nil
 }
 
 // setModules replaces a sandbox's own WebAssembly transform modules:
@@ -80,21 +126,39 @@ func (s *Server) setModules(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	var specs []struct {
-		Name   string `json:"name"`
-		Wasm   string `json:"wasm"`
-		Config string `json:"config"`
+	if err := o.only("modules", "modules"); err != nil {
+		return err
 	}
-	if raw, ok := o["modules"]; !ok || json.Unmarshal(raw, &specs) != nil {
+	var items []json.RawMessage
+	if raw, ok := o["modules"]; !ok || !isJSONArray(raw) || json.Unmarshal(raw, &items) != nil {
 		return badRequest("field \"modules\" must be a list of {name, wasm (base64), config}")
 	}
 	var srcs []appliance.ModuleSource
-	for i, spec := range specs {
-		bin, err := base64.StdEncoding.DecodeString(spec.Wasm)
-		if err != nil || spec.Name == "" {
+	for i, item := range items {
+		mo, err := parseObject(item)
+		if err != nil || !isJSONObject(item) {
+			return badRequest("modules[%d]: want {name, wasm (base64), config}", i)
+		}
+		if err := mo.only(fmt.Sprintf("modules[%d]", i), "name", "wasm", "config"); err != nil {
+			return err
+		}
+		modName, _, err := mo.str("name")
+		if err != nil {
+			return badRequest("modules[%d]: %v", i, err)
+		}
+		wasm, _, err := mo.str("wasm")
+		if err != nil {
+			return badRequest("modules[%d]: %v", i, err)
+		}
+		config, _, err := mo.str("config")
+		if err != nil {
+			return badRequest("modules[%d]: %v", i, err)
+		}
+		bin, err := base64.StdEncoding.DecodeString(wasm)
+		if err != nil || modName == "" || len(bin) == 0 {
 			return badRequest("modules[%d]: want a name and the module's bytes in base64", i)
 		}
-		srcs = append(srcs, appliance.ModuleSource{Name: spec.Name, Wasm: bin, Config: []byte(spec.Config)})
+		srcs = append(srcs, appliance.ModuleSource{Name: modName, Wasm: bin, Config: []byte(config)})
 	}
 	if err := s.b.SetModules(r.Context(), name, srcs); err != nil {
 		return err
@@ -106,11 +170,19 @@ func (s *Server) setModules(w http.ResponseWriter, r *http.Request) error {
 //go:embed openapi.json
 var openAPIDoc []byte
 
+// OpenAPI is the server's own OpenAPI document: protocol 1's routes and
+// sandgate's /v1.
+func OpenAPI() []byte { return slices.Clone(openAPIDoc) }
+
 func (s *Server) openAPI(w http.ResponseWriter, r *http.Request) error {
+	doc := s.cfg.OpenAPI
+	if doc == nil {
+		doc = openAPIDoc
+	}
 	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Content-Length", strconv.Itoa(len(openAPIDoc)))
+	w.Header().Set("Content-Length", strconv.Itoa(len(doc)))
 	w.WriteHeader(http.StatusOK)
-	w.Write(openAPIDoc)
+	w.Write(doc)
 	return nil
 }
 

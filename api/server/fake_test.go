@@ -3,6 +3,7 @@ package server
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -28,7 +29,7 @@ type fakeBackend struct {
 	mu        sync.Mutex
 	boxes     map[string]*fakeBox
 	templates map[string]time.Time
-	rings     *audit.Rings
+	events    map[string][]byte // per sandbox: audit lines
 	// run is what a command does: its output and exit code.
 	run func(box *fakeBox, req appliance.ExecRequest, p *appliance.Process) int
 }
@@ -45,7 +46,7 @@ type fakeBox struct {
 }
 
 func newFakeBackend() *fakeBackend {
-	return &fakeBackend{boxes: map[string]*fakeBox{}, templates: map[string]time.Time{}, rings: audit.NewRings(100)}
+	return &fakeBackend{boxes: map[string]*fakeBox{}, templates: map[string]time.Time{}, events: map[string][]byte{}}
 }
 
 func (f *fakeBackend) box(id string, running bool) (*fakeBox, error) {
@@ -102,7 +103,7 @@ func (f *fakeBackend) Destroy(ctx context.Context, id string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	delete(f.boxes, id)
-	f.rings.Forget(id)
+	delete(f.events, id)
 	return nil
 }
 
@@ -150,6 +151,17 @@ func (f *fakeBackend) List(ctx context.Context) ([]appliance.Info, error) {
 		out = append(out, f.info(id, f.boxes[id]))
 	}
 	return out, nil
+}
+
+// OpenTerminal: the fake runs no terminal (a Terminal needs an agent); the
+// PTY route's tests run against the real service (api/service).
+func (f *fakeBackend) OpenTerminal(ctx context.Context, id string, req appliance.TerminalRequest) (*appliance.Terminal, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, err := f.box(id, true); err != nil {
+		return nil, err
+	}
+	return nil, fmt.Errorf("%w: the fake backend runs no terminal", errors.ErrUnsupported)
 }
 
 func (f *fakeBackend) Exec(ctx context.Context, id string, req appliance.ExecRequest) (*appliance.Process, error) {
@@ -334,27 +346,42 @@ func (f *fakeBackend) SetModules(ctx context.Context, id string, srcs []applianc
 	return nil
 }
 
-func (f *fakeBackend) AuditEvents(ctx context.Context, id string) ([]audit.Event, error) {
+// record adds an audit event of sandbox id.
+func (f *fakeBackend) record(id string, e audit.Event) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if _, err := f.box(id, false); err != nil {
-		return nil, err
-	}
-	ev := f.rings.Events(id)
-	if ev == nil {
-		ev = []audit.Event{}
-	}
-	return ev, nil
+	f.events[id] = audit.AppendJSON(f.events[id], &e)
 }
 
-func (f *fakeBackend) FollowAudit(id string) ([]audit.Event, *audit.Follower, <-chan struct{}, func(), error) {
+// fakeSegment is the one segment the fake keeps a sandbox's events in.
+const fakeSegment = "20250601T000000.000000000Z-00000000"
+
+func (f *fakeBackend) AuditEvents(ctx context.Context, id string, q audit.Query) (audit.Page, error) {
 	f.mu.Lock()
-	defer f.mu.Unlock()
-	if _, err := f.box(id, true); err != nil {
-		return nil, nil, nil, nil, err
+	if _, err := f.box(id, false); err != nil {
+		f.mu.Unlock()
+		return audit.Page{}, err
 	}
-	fl, stop := f.rings.Follow(id)
-	return f.rings.Events(id), fl, make(chan struct{}), stop, nil
+	lines := f.events[id]
+	f.mu.Unlock()
+	return audit.Select(ctx, []audit.Segment{{Name: fakeSegment, Lines: func(context.Context) ([]byte, error) { return lines, nil }}}, q)
+}
+
+func (f *fakeBackend) FollowAudit(ctx context.Context, id string, q audit.Query, send func([]byte) error) error {
+	p, err := f.AuditEvents(ctx, id, q)
+	if err != nil {
+		return err
+	}
+	if send(nil) != nil {
+		return nil
+	}
+	for _, l := range p.Lines {
+		if send(l) != nil {
+			return nil
+		}
+	}
+	<-ctx.Done()
+	return nil
 }
 
 func (f *fakeBackend) SaveTemplate(ctx context.Context, id, name string) error {

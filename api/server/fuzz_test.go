@@ -259,6 +259,8 @@ func FuzzJSONBody(f *testing.F) {
 		`{"baseUrls":[]}`, `{"baseUrls":{"A":1}}`, `{"baseUrls":{"A":null}}`, `{"baseUrls":{"A":"ftp://x","B":"https://user:pw@h/p?q#f"}}`,
 		`{"template":null}`, `{"template":""}`, `{"name":null}`, `{"name":""}`, `{"name":"-a"}`, `{"name":"A"}`,
 		`{"name":"` + strings.Repeat("a", 63) + `"}`, `{"name":"` + strings.Repeat("a", 64) + `"}`, `{"name":"a\u0000"}`, `{"name":"\u0430"}`,
+		`{"policy":{"mode":"deny-all"}}`, `{"policy":{"mode":"custom","allowedHosts":["a.example"],"deniedCIDRs":["10.0.0.0/8"]}}`,
+		`{"policy":{"mode":"custom","allowHosts":[]}}`, `{"policy":null}`, `{"policy":[]}`, `{"allowedHosts":[],"policy":{"mode":"allow-all"}}`,
 	} {
 		f.Add([]byte(s), false)
 	}
@@ -298,6 +300,17 @@ func FuzzJSONBody(f *testing.F) {
 				wantStatus(t, err, http.StatusBadRequest, "a base URL with credentials")
 				return
 			}
+		}
+		if _, hasPolicy := ref["policy"]; hasPolicy {
+			// sandgate's policy: given instead of allowedHosts, parsed
+			// strictly; either way a 400 or a policy.
+			if err == nil && (hasHosts || nb.policy == nil) {
+				t.Fatalf("network() took %q as %+v", body, nb)
+			}
+			if err != nil {
+				wantStatus(t, err, http.StatusBadRequest, "a policy that cannot be honoured")
+			}
+			return
 		}
 		if err != nil {
 			t.Fatalf("network() refused %q: %v", body, err)
@@ -727,6 +740,58 @@ func FuzzFilePath(f *testing.F) {
 		}
 		if slices.Contains(strings.Split(got, "/"), "..") || !path.IsAbs(got) || got == "/" {
 			t.Fatalf("filePath(%q) = %q escapes or names the root", p, got)
+		}
+	})
+}
+
+// FuzzTerminalMessages reads the terminal route's messages as it does:
+// the first (sandgate's own: a field it does not know is refused) and the
+// resizes. Whatever comes, a 400 or a message read field for field.
+func FuzzTerminalMessages(f *testing.F) {
+	for _, s := range []string{
+		`{"command":"bash -l","workingDirectory":"/workspace","env":{"TERM":"xterm-256color"},"rows":24,"cols":80}`,
+		`{"command":"sh"}`, `{}`, `{"command":""}`, `{"command":1}`, `{"command":"sh","rows":-1}`, `{"command":"sh","rows":65536}`,
+		`{"command":"sh","rows":1.5}`, `{"command":"sh","rows":"24"}`, `{"command":"sh","row":24}`, `{"command":"sh","env":{"A":1}}`,
+		`{"command":"sh","env":{"A=B":"x"}}`, `{"command":"sh","env":{"1A":"x"}}`, `{"command":"sh","cols":null}`,
+		`{"resize":{"rows":50,"cols":132}}`, `{"resize":{}}`, `{"resize":null}`, `{"resize":{"rows":1,"colz":2}}`, `{"resise":{}}`,
+		`[]`, `null`, ``, `{`, `{"command":"x"}{"command":"y"}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		ref, isObject := reference(data)
+		st, err := parsePTYStart(data)
+		if err != nil {
+			wantStatus(t, err, http.StatusBadRequest, "a first message that cannot be read")
+		} else {
+			if !isObject {
+				t.Fatalf("parsePTYStart took %q, not a JSON object", data)
+			}
+			for k := range ref {
+				if !slices.Contains([]string{"command", "workingDirectory", "env", "rows", "cols"}, k) {
+					t.Fatalf("parsePTYStart took the unknown field %q of %q", k, data)
+				}
+			}
+			if cmd, ok := ref["command"].(string); !ok || cmd != st.command {
+				t.Fatalf("parsePTYStart(%q).command = %q", data, st.command)
+			}
+			for k := range st.env {
+				if !envName.MatchString(k) {
+					t.Fatalf("parsePTYStart took the variable name %q", k)
+				}
+			}
+		}
+		size, err := parsePTYControl(data)
+		if err != nil {
+			wantStatus(t, err, http.StatusBadRequest, "a control message that cannot be read")
+			return
+		}
+		r, ok := ref["resize"].(map[string]any)
+		if !isObject || !ok || len(ref) != 1 {
+			t.Fatalf("parsePTYControl took %q", data)
+		}
+		if rows, _ := r["rows"].(float64); rows != float64(size.Rows) && r["rows"] != nil {
+			t.Fatalf("parsePTYControl(%q) = %+v", data, size)
 		}
 	})
 }

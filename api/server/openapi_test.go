@@ -173,8 +173,9 @@ func TestOpenAPIMatchesRoutes(t *testing.T) {
 		if _, got := s.mux.Handler(r); got != pattern {
 			t.Errorf("%s %s reaches route %q, want %q", op.method, path, got, pattern)
 		}
-		if strings.HasPrefix(op.path, "/v1/sandboxes/{name}/tcp/") != isTCPBridge(path) {
-			t.Errorf("%s %s: isTCPBridge says %v", op.method, path, isTCPBridge(path))
+		wsRoute := strings.HasPrefix(op.path, "/v1/sandboxes/{name}/tcp/") || op.path == "/v1/sandboxes/{name}/pty"
+		if wsRoute != isWebSocketRoute(path) {
+			t.Errorf("%s %s: isWebSocketRoute says %v", op.method, path, isWebSocketRoute(path))
 		}
 	}
 
@@ -190,8 +191,8 @@ func TestOpenAPIMatchesRoutes(t *testing.T) {
 				t.Errorf("tunnel path %s is also route %q: an Upgrade request would never reach it", op.path, pattern)
 			}
 		}
-		if isTCPBridge(path) {
-			t.Errorf("tunnel path %s is taken for the TCP bridge", op.path)
+		if isWebSocketRoute(path) {
+			t.Errorf("tunnel path %s is taken for one of sandgate's WebSocket routes", op.path)
 		}
 		name, port, sub, query, ok := parseTunnelTarget(target)
 		wantSub := ""
@@ -312,7 +313,7 @@ func TestOpenAPISchemasMatchWire(t *testing.T) {
 	schemaCheck(t, doc, "Policy", policy)
 	schemaCheck(t, doc, "Policy", netpolicy.Policy{Mode: netpolicy.AllowAll})
 
-	health := api.Health{Status: "ok", Protocol: api.ProtocolVersion, Version: "v1.2.3"}
+	health := api.Health{Status: "ok", Protocol: api.ProtocolVersion, Version: "v1.2.3", OK: true}
 	allSet(t, health)
 	schemaCheck(t, doc, "Health", health)
 	desc := api.Description{Name: "box", Home: "/home/agent", WorkingDirectory: "/workspace"}
@@ -331,7 +332,7 @@ func TestOpenAPISchemasMatchWire(t *testing.T) {
 	info := appliance.Info{ID: "box", State: appliance.Running, Created: now, LastActive: now.Add(time.Minute), LayerBytes: 4096,
 		Template: "tpl", Policy: &policy, BaseURLs: map[string]string{"ANTHROPIC_BASE_URL": "https://api.anthropic.com"},
 		Modules:   []appliance.ModuleInfo{{Name: "deny-path", Digest: "sha256:" + strings.Repeat("ab", 32), Bytes: 4096}},
-		OpenPorts: []int{4000}}
+		OpenPorts: []int{4000}, Shard: "shard-0"}
 	allSet(t, info)
 	sb := s.sandboxInfo(info)
 	allSet(t, sb)
@@ -349,7 +350,7 @@ func TestOpenAPISchemasMatchWire(t *testing.T) {
 		schemaCheck(t, doc, "Sandbox", s.sandboxInfo(appliance.Info{ID: "b", State: st, Created: now}))
 	}
 
-	ev := audit.Event{Time: now, Sandbox: "box", Kind: audit.Route, Host: "api.example.com", Port: 443, Method: "POST", Path: "/v1/messages",
+	ev := audit.Event{Time: now, Sandbox: "box", Kind: audit.Route, Host: "api.example.com", Port: 443, PID: 42, Cmd: "npm install", Method: "POST", Path: "/v1/messages",
 		Allow: true, Code: "allowed_host", Reason: "api.example.com matched allowed host rule api.example.com", Rule: "api.example.com",
 		Addr: "203.0.113.7:443", Status: 200, BytesIn: 10, BytesOut: 20, Duration: time.Millisecond, DNSTime: time.Microsecond,
 		Transforms: []string{"0"}, Module: "deny-path", Notes: []string{"deny-path: ok"}, NotesDropped: 1, Error: "upstream reset",
@@ -359,7 +360,18 @@ func TestOpenAPISchemasMatchWire(t *testing.T) {
 	for _, k := range []audit.Kind{audit.Connect, audit.Route, audit.Refused, audit.Capture, audit.Intercept, audit.DNS} {
 		schemaCheck(t, doc, "AuditEvent", audit.Event{Time: now, Sandbox: "box", Kind: k, Code: "no_rule", Reason: "no rule"})
 	}
-	schemaCheck(t, doc, "AuditEvents", map[string]any{"events": []audit.Event{ev}})
+	schemaCheck(t, doc, "AuditEvents", map[string]any{"events": []audit.Event{ev}, "cursor": "20250601T120000.000000000Z-0a1b2c3d/0", "more": true})
+
+	prog := api.Progress{Step: appliance.StepSave, Bytes: 1 << 20, Total: 4 << 20}
+	allSet(t, prog)
+	schemaCheck(t, doc, "ProgressLine", api.ProgressLine{Progress: &prog})
+	schemaCheck(t, doc, "ProgressLine", api.ProgressLine{Progress: &api.Progress{Step: appliance.StepFetch}})
+	schemaCheck(t, doc, "ProgressLine", api.ProgressLine{Status: 200, Result: desc})
+	schemaCheck(t, doc, "ProgressLine", api.ProgressLine{Status: 404, Error: "no sandbox"})
+	code137 := 137
+	end := ptyEnd{ExitCode: &code137, Error: "the command was killed", Status: 400}
+	allSet(t, end)
+	schemaCheck(t, doc, "TerminalEnd", end)
 }
 
 // TestOpenAPIServedReplies checks the replies the service writes before

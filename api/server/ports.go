@@ -148,14 +148,16 @@ func splice(caller net.Conn, callerR *bufio.Reader, sandbox net.Conn) {
 	<-done
 }
 
-// isTCPBridge reports whether path is sandgate's own WebSocket route.
-func isTCPBridge(path string) bool {
+// isWebSocketRoute reports whether path is one of sandgate's own
+// WebSocket routes (the TCP bridge, the terminal), which an Upgrade
+// reaches as any route, not as protocol 1's port tunnel.
+func isWebSocketRoute(path string) bool {
 	rest, ok := strings.CutPrefix(path, "/v1/sandboxes/")
 	if !ok {
 		return false
 	}
 	parts := strings.Split(rest, "/")
-	return len(parts) == 3 && parts[1] == "tcp"
+	return (len(parts) == 3 && parts[1] == "tcp") || (len(parts) == 2 && parts[1] == "pty")
 }
 
 // tcpBridge carries raw TCP to 127.0.0.1:<port> in the sandbox over a
@@ -166,7 +168,7 @@ func (s *Server) tcpBridge(w http.ResponseWriter, r *http.Request) error {
 	if err != nil || port < 1 || port > 65535 {
 		return badRequest("port %q: want 1 to 65535", r.PathValue("port"))
 	}
-	if !strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
+	if !isWebSocket(r) {
 		return errorf(http.StatusUpgradeRequired, "the TCP bridge is a WebSocket: send a WebSocket handshake (Upgrade: websocket)")
 	}
 	if err := s.mustRun(r.Context(), name); err != nil {

@@ -10,9 +10,11 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sandgate/sandgate/api"
 	"github.com/sandgate/sandgate/appliance"
+	"github.com/sandgate/sandgate/relay/audit"
 )
 
 // These tests run every route against an in-memory backend (fakeBackend):
@@ -249,5 +251,43 @@ func TestRoutesFilesPortsAuditModules(t *testing.T) {
 	n, _ := io.ReadAtLeast(conn, buf, 20)
 	if got := string(buf[:n]); !strings.Contains(got, "101") || !strings.Contains(got, `GET /sub?q=1 HTTP/1.1`) {
 		t.Errorf("the tunnel: %q", got)
+	}
+}
+
+// The audit route reads its query (each bad value named, 400), passes it
+// to the backend, and answers a page whose events are their lines' bytes.
+func TestRoutesAuditQuery(t *testing.T) {
+	r := newRouteRig(t)
+	r.do("POST", "/v1/sandboxes", map[string]any{"name": "b"})
+	at := time.Date(2025, 6, 1, 12, 0, 0, 0, time.UTC)
+	var lines []string
+	for i, h := range []string{"a.example.com", "evil.example.com", "a.example.com"} {
+		e := audit.Event{Time: at.Add(time.Duration(i) * time.Hour), Sandbox: "b", Kind: audit.Connect, Host: h, Port: 443, Allow: i != 1}
+		r.b.record("b", e)
+		lines = append(lines, strings.TrimSuffix(string(audit.AppendJSON(nil, &e)), "\n"))
+	}
+	for _, c := range []struct {
+		query string
+		want  int
+		has   string
+	}{
+		{"", 200, `{"events":[` + strings.Join(lines, ",") + `],"cursor":"` + fakeSegment + `/2","more":false}`},
+		{"?decision=deny", 200, `{"events":[` + lines[1] + `]`},
+		{"?host=a.example.com&limit=1", 200, `{"events":[` + lines[0] + `],"cursor":"` + fakeSegment + `/0","more":true}`},
+		{"?cursor=" + fakeSegment + "/0&host=a.example.com", 200, `{"events":[` + lines[2] + `]`},
+		{"?since=2025-06-01T12:30:00Z&until=2025-06-01T13:30:00Z", 200, `{"events":[` + lines[1] + `]`},
+		{"?since=yesterday", 400, "since"},
+		{"?until=2025-06-01", 400, "until"},
+		{"?decision=maybe", 400, "decision"},
+		{"?limit=0", 400, "limit"},
+		{"?limit=100001", 400, "limit"},
+		{"?cursor=nope", 400, "cursor"},
+		{"?host=a%20b", 400, "host"},
+		{"?since=2025-06-02T00:00:00Z&until=2025-06-01T00:00:00Z", 400, "until"},
+	} {
+		code, body, _ := r.do("GET", "/v1/sandboxes/b/audit"+c.query, nil)
+		if code != c.want || !strings.Contains(body, c.has) {
+			t.Errorf("%s: %d %s; want %d with %s", c.query, code, body, c.want, c.has)
+		}
 	}
 }

@@ -1,12 +1,12 @@
 package server
 
 import (
+	"context"
 	"net/http"
 	"time"
 
 	"github.com/sandgate/sandgate/api"
 	"github.com/sandgate/sandgate/appliance"
-	"github.com/sandgate/sandgate/netpolicy"
 )
 
 // dirs are the directories a sandbox gets made: its home and working
@@ -33,7 +33,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) error {
 		}
 	}
 	if _, err := s.b.Create(r.Context(), nb.name, appliance.CreateOptions{
-		Network:  appliance.NetworkSpec{AllowedHosts: nb.allowedHosts, BaseURLs: nb.baseURLs},
+		Network:  nb.spec(),
 		Template: nb.template, Agent: s.agentConfig(nb.name), Dirs: s.dirs(nb.name),
 	}); err != nil {
 		return err
@@ -42,10 +42,10 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// resume: a running sandbox gets its allowed hosts and base URLs replaced
-// (its credential rules and processes kept); a suspended one starts with
-// them and no credential rules (protocol 1: transformations do not survive
-// a suspension).
+// resume: a running sandbox gets its allowed hosts (or sandgate's whole
+// policy) and base URLs replaced (its credential rules and processes
+// kept); a suspended one starts with them and no credential rules
+// (protocol 1: transformations do not survive a suspension).
 func (s *Server) resume(w http.ResponseWriter, r *http.Request) error {
 	name := r.PathValue("name")
 	if err := checkSandboxName(name); err != nil {
@@ -59,27 +59,28 @@ func (s *Server) resume(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	if _, err := s.b.Resume(r.Context(), name, appliance.ResumeOptions{
-		Network: appliance.NetworkSpec{AllowedHosts: nb.allowedHosts, BaseURLs: nb.baseURLs},
-		Agent:   s.agentConfig(name), Dirs: s.dirs(name),
-	}); err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, s.describe(name))
-	return nil
+	return s.progressed(w, r, func(ctx context.Context) (int, any, error) {
+		if _, err := s.b.Resume(ctx, name, appliance.ResumeOptions{
+			Network: nb.spec(),
+			Agent:   s.agentConfig(name), Dirs: s.dirs(name),
+		}); err != nil {
+			return 0, nil, err
+		}
+		return http.StatusOK, s.describe(name), nil
+	})
 }
 
 func (s *Server) suspend(w http.ResponseWriter, r *http.Request) error {
 	name := r.PathValue("name")
-	if !namePattern.MatchString(name) {
-		noContent(w) // no name check: such a sandbox cannot be running
-		return nil
-	}
-	if err := s.b.Suspend(r.Context(), name); err != nil {
-		return err
-	}
-	noContent(w)
-	return nil
+	return s.progressed(w, r, func(ctx context.Context) (int, any, error) {
+		if !namePattern.MatchString(name) {
+			return http.StatusNoContent, nil, nil // no name check: such a sandbox cannot be running
+		}
+		if err := s.b.Suspend(ctx, name); err != nil {
+			return 0, nil, err
+		}
+		return http.StatusNoContent, nil, nil
+	})
 }
 
 func (s *Server) destroy(w http.ResponseWriter, r *http.Request) error {
@@ -110,14 +111,7 @@ func (s *Server) setNetwork(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	spec := appliance.NetworkSpec{AllowedHosts: nb.allowedHosts}
-	if raw, ok := o["policy"]; ok {
-		p, err := netpolicy.ParsePolicy(raw)
-		if err != nil {
-			return badRequest("policy: %v", err)
-		}
-		spec = appliance.NetworkSpec{Policy: &p}
-	}
+	spec := appliance.NetworkSpec{AllowedHosts: nb.allowedHosts, Policy: nb.policy}
 	if err := s.b.SetNetwork(r.Context(), name, spec); err != nil {
 		return err
 	}
@@ -138,11 +132,12 @@ func (s *Server) saveTemplate(w http.ResponseWriter, r *http.Request) error {
 	if err := checkTemplateName(id); err != nil {
 		return err
 	}
-	if err := s.b.SaveTemplate(r.Context(), name, id); err != nil {
-		return err
-	}
-	noContent(w)
-	return nil
+	return s.progressed(w, r, func(ctx context.Context) (int, any, error) {
+		if err := s.b.SaveTemplate(ctx, name, id); err != nil {
+			return 0, nil, err
+		}
+		return http.StatusNoContent, nil, nil
+	})
 }
 
 func (s *Server) templateExists(w http.ResponseWriter, r *http.Request) error {
@@ -191,7 +186,7 @@ func (s *Server) sandboxInfo(in appliance.Info) api.Sandbox {
 	out := api.Sandbox{
 		Name: in.ID, State: string(in.State), Created: in.Created, LayerBytes: in.LayerBytes, Template: in.Template,
 		BaseURLs: in.BaseURLs, Home: sandboxDir(s.cfg.Home, in.ID), WorkDir: sandboxDir(s.cfg.WorkDir, in.ID),
-		Ports: in.OpenPorts,
+		Ports: in.OpenPorts, Shard: in.Shard,
 	}
 	if !in.LastActive.IsZero() {
 		t := in.LastActive.UTC().Truncate(time.Millisecond)
@@ -241,6 +236,9 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) error {
 	}
 	o, err := readObject(r, api.MaxJSONBody)
 	if err != nil {
+		return err
+	}
+	if err := o.only("fork", "name"); err != nil {
 		return err
 	}
 	dst, err := o.required("name")

@@ -61,6 +61,10 @@ type Config struct {
 	// Logger receives the server's events; nil discards. Commands, their
 	// variables and credentials are never logged.
 	Logger *slog.Logger
+	// OpenAPI is the document GET /v1/openapi.json serves; nil means the
+	// server's own (OpenAPI). The service gives the one document of all
+	// its routes, the Cloudflare bridge's included.
+	OpenAPI []byte
 }
 
 func (c Config) withDefaults() Config {
@@ -156,6 +160,7 @@ func (s *Server) routes() {
 	s.route("PUT /v1/sandboxes/{name}/modules", s.setModules)
 	s.route("GET /v1/sandboxes/{name}/audit", s.audit)
 	s.route("GET /v1/sandboxes/{name}/tcp/{port}", s.tcpBridge)
+	s.route("GET /v1/sandboxes/{name}/pty", s.pty)
 	if s.cfg.Metrics != nil {
 		metrics := promhttp.HandlerFor(s.cfg.Metrics, promhttp.HandlerOpts{})
 		s.route("GET /metrics", func(w http.ResponseWriter, r *http.Request) error { metrics.ServeHTTP(w, r); return nil })
@@ -170,7 +175,7 @@ func (s *Server) Patterns() []string { return append([]string(nil), s.patterns..
 // tunnel, and routes the rest.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set(api.HeaderProtocol, "1")
-	tunnel := r.Header.Get("Upgrade") != "" && !isTCPBridge(r.URL.Path)
+	tunnel := r.Header.Get("Upgrade") != "" && !isWebSocketRoute(r.URL.Path)
 	if r.URL.Path != "/health" || tunnel { // a tunnel has no /health exemption
 		if err := s.check(r); err != nil {
 			if tunnel {
@@ -264,7 +269,7 @@ func (r *statusRecorder) Write(p []byte) (int, error) { return len(p), nil }
 func (r *statusRecorder) WriteHeader(code int)        { r.code = code }
 
 func (s *Server) health(w http.ResponseWriter, r *http.Request) error {
-	writeJSON(w, http.StatusOK, api.Health{Status: "ok", Protocol: api.ProtocolVersion, Version: s.cfg.Version})
+	writeJSON(w, http.StatusOK, api.Health{Status: "ok", Protocol: api.ProtocolVersion, Version: s.cfg.Version, OK: true})
 	return nil
 }
 
@@ -292,6 +297,14 @@ func (s *Server) agentConfig(name string) *agent.Config {
 		OnlyBaseURLs: true,
 	}
 }
+
+// AgentConfig is the agent configuration a sandbox of this service starts
+// with, for another front door (the Cloudflare bridge) starting one.
+func (s *Server) AgentConfig(name string) *agent.Config { return s.agentConfig(name) }
+
+// Dirs are the directories made for a sandbox: its home and working
+// directory.
+func (s *Server) Dirs(name string) []string { return s.dirs(name) }
 
 // sandboxDir expands {sandbox} in a configured directory.
 func sandboxDir(pattern, name string) string { return strings.ReplaceAll(pattern, "{sandbox}", name) }

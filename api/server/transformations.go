@@ -66,6 +66,18 @@ func isJSONString(raw json.RawMessage) bool {
 	return len(t) > 0 && t[0] == '"'
 }
 
+// isJSONArray and isJSONObject report whether raw is a JSON array or
+// object (not null).
+func isJSONArray(raw json.RawMessage) bool {
+	t := bytes.TrimSpace(raw)
+	return len(t) > 0 && t[0] == '['
+}
+
+func isJSONObject(raw json.RawMessage) bool {
+	t := bytes.TrimSpace(raw)
+	return len(t) > 0 && t[0] == '{'
+}
+
 // orderedStrings reads a JSON object of strings in document order.
 func orderedStrings(raw json.RawMessage) ([]header, error) {
 	dec := json.NewDecoder(bytes.NewReader(raw))

@@ -7,7 +7,6 @@ import (
 	"crypto/x509"
 	"encoding/base64"
 	"encoding/hex"
-	"encoding/json"
 	"encoding/pem"
 	"fmt"
 	"os"
@@ -55,16 +54,18 @@ func (r *rig) netprobe(name string) {
 // accepts, and returns it.
 func (r *rig) eventWith(name string, what string, ok func(audit.Event) bool) audit.Event {
 	r.t.Helper()
+	var evs []audit.Event
 	deadline := time.Now().Add(20 * time.Second)
 	for time.Now().Before(deadline) {
-		for _, e := range r.rings.Events(name) {
+		evs = r.audit(name, "?limit=10000").Events
+		for _, e := range evs {
 			if ok(e) {
 				return e
 			}
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	r.t.Fatalf("no audit event %s; have %+v", what, r.rings.Events(name))
+	r.t.Fatalf("no audit event %s; have %+v", what, evs)
 	return audit.Event{}
 }
 
@@ -317,8 +318,7 @@ func TestInterceptCAKeyInNoArtifact(t *testing.T) {
 		})
 	}
 	search("the service's log and audit log", []byte(r.log.String()))
-	for _, e := range r.rings.Events("box") {
-		b, _ := json.Marshal(e)
-		search("an audit event", b)
+	for _, raw := range r.audit("box", "?limit=10000").Raw {
+		search("an audit event", raw)
 	}
 }

@@ -50,7 +50,7 @@ func TestEveryRequest(t *testing.T) {
 		return resp.StatusCode, b.String(), resp.Header
 	}
 	// /health: no checks, whatever the headers.
-	if code, body, _ := get("/health", map[string]string{api.HeaderProtocol: "2"}); code != 200 || body != `{"status":"ok","protocol":1,"version":"test"}`+"\n" {
+	if code, body, _ := get("/health", map[string]string{api.HeaderProtocol: "2"}); code != 200 || body != `{"status":"ok","protocol":1,"version":"test","ok":true}`+"\n" {
 		t.Errorf("health: %d %q", code, body)
 	}
 	if code, _, _ := r.do("POST", "/health", nil); code != http.StatusMethodNotAllowed {
@@ -208,11 +208,16 @@ func TestExec(t *testing.T) {
 	}
 	// The environment of protocol 1 §6.
 	res = r.exec("box", "", nil, `{"command":"env","env":{"MINE":"1","ANTHROPIC_BASE_URL":"https://other.example.com/x/"}}`)
-	for _, want := range []string{"LANG=C.UTF-8", "IS_SANDBOX=1", "NODE_USE_ENV_PROXY=1", "NO_PROXY=localhost,127.0.0.1", "npm_config_side_effects_cache=false",
+	for _, want := range []string{"LANG=C.UTF-8", "IS_SANDBOX=1", "NODE_USE_ENV_PROXY=1", "NO_PROXY=localhost,127.0.0.1", "pnpm_config_side_effects_cache=false",
 		"HOME=/home/agent", "MINE=1", "/https/api.openai.com/v1\n", "ANTHROPIC_BASE_URL=http://127.0.0.1:", "/https/other.example.com/x\n"} {
 		if !strings.Contains(res.stdout, want) {
 			t.Errorf("env lacks %q:\n%s", want, res.stdout)
 		}
+	}
+	// npm (where the image has it) warns of no setting it does not know:
+	// it said "Unknown env config side-effects-cache" on every command.
+	if res := r.exec("box", "command -v npm >/dev/null || exit 0; npm config get registry 2>&1", nil); res.exit != 0 || strings.Contains(res.stdout, "warn") {
+		t.Errorf("npm in a sandbox: %+v", res)
 	}
 	// Refusals before anything starts.
 	for _, tc := range []struct {
@@ -512,7 +517,7 @@ func TestAuditRoute(t *testing.T) {
 	defer resp.Body.Close()
 	r.exec("box", "curl -sS https://denied.example.com/ -x $HTTPS_PROXY >/dev/null 2>&1 || true", nil)
 	line, err := bufio.NewReader(resp.Body).ReadString('\n')
-	if err != nil || !strings.Contains(line, `"host":"denied.example.com"`) || !strings.Contains(line, `"allow":false`) {
+	if err != nil || !strings.Contains(line, `"host":"denied.example.com"`) || !strings.Contains(line, `"decision":"deny"`) {
 		t.Errorf("followed event: %q %v", line, err)
 	}
 	out := r.must(200, "GET", "/v1/sandboxes/box/audit", nil)

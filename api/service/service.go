@@ -21,6 +21,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/sandgate/sandgate/api/bridge"
+	"github.com/sandgate/sandgate/api/forward"
 	"github.com/sandgate/sandgate/api/server"
 	"github.com/sandgate/sandgate/appliance"
 	"github.com/sandgate/sandgate/netpolicy"
@@ -52,11 +54,13 @@ type Config struct {
 	// launcher's TrustCA). Nil: no interception (a policy naming hosts
 	// to intercept is refused).
 	InterceptCA *ca.Authority
-	// AuditLog receives every egress decision as a JSON line; nil none.
+	// AuditLog receives every egress decision as a JSON line (the same
+	// bytes the store and the API have); nil none.
 	AuditLog io.Writer
-	// AuditKeep is how many events are kept per sandbox for the API; 0
-	// means 1000.
-	AuditKeep int
+	// AuditFlush is how often a running sandbox's new events are written
+	// to the store (what a kill -9 of the service can lose); 0 means
+	// audit.JournalsConfig's default, 10 s.
+	AuditFlush time.Duration
 	// Modules compiles sandboxes' own WebAssembly modules and runs
 	// ServiceModules, every sandbox's routes' service-wide modules (run
 	// before its own); nil means none. The caller owns both: it closes them
@@ -71,9 +75,19 @@ type Config struct {
 	// Manager configures the lifecycle; its Launcher, Proxy, Store, Audit,
 	// Modules, Logger and Metrics are the service's.
 	Manager appliance.ManagerConfig
-	// Server configures the HTTP service; its Backend, Metrics and Logger
-	// are the service's.
+	// Server configures the HTTP service; its Backend, Metrics, Logger and
+	// OpenAPI are the service's.
 	Server server.Config
+	// PeerAuth, when set, gives a request forwarded to another shard
+	// this one's credentials for it (on Cloud Run, an identity token for
+	// the peer's URL). The shards themselves are Manager.Shard.
+	PeerAuth func(ctx context.Context, req *http.Request, peerURL string) error
+	// Bridge configures the Cloudflare sandbox bridge's routes
+	// (/v1/sandbox/..., /v1/pool/...): its Key (SANDBOX_API_KEY; without
+	// one they refuse every request), the network of the sandboxes it
+	// starts and its size limit. Its Backend, Agent, Dirs, OpenAPI,
+	// Metrics and Logger are the service's.
+	Bridge bridge.Config
 	// Logger receives the service's events (JSON lines Cloud Logging
 	// reads, or text); nil discards.
 	Logger *slog.Logger
@@ -89,11 +103,17 @@ type Service struct {
 	Resolver *netpolicy.DNSResolver
 	Decider  *netpolicy.Decider
 	Proxy    *relay.Proxy
-	Audit    *audit.Rings
+	Audit    *audit.Journals
 	Launcher *appliance.Launcher
 	Manager  *appliance.Manager
 	Server   *server.Server
-	Metrics  *prometheus.Registry
+	Bridge   *bridge.Bridge
+	// Front sends requests for sandboxes other shards run to them, and
+	// serves the rest: the bridge's routes, then Server's.
+	Front   *forward.Front
+	Metrics *prometheus.Registry
+
+	handler http.Handler
 
 	store store.Store
 	log   *slog.Logger
@@ -138,18 +158,16 @@ func New(ctx context.Context, cfg Config) (_ *Service, err error) {
 	for _, p := range cfg.AllowPrivate {
 		s.log.Warn("address-class refusal disabled for a range: sandboxes may reach it", "cidr", p.String())
 	}
-	keep := cfg.AuditKeep
-	if keep <= 0 {
-		keep = 1000
-	}
-	s.Audit = audit.NewRings(keep)
 	metrics := audit.NewMetrics(s.Metrics)
-	sinks := audit.Multi{metrics, s.Audit}
+	jc := audit.JournalsConfig{Writer: appliance.NewAuditStore(cfg.Store), FlushEvery: cfg.AuditFlush, Logger: s.log, Metrics: metrics}
 	if cfg.AuditLog != nil {
-		sinks = append(audit.Multi{audit.NewJSONLines(cfg.AuditLog)}, sinks...)
+		jc.Log = audit.NewJSONLines(cfg.AuditLog)
+	}
+	if s.Audit, err = audit.NewJournals(jc); err != nil {
+		return nil, err
 	}
 	if s.Proxy, err = relay.New(relay.Config{
-		Decider: s.Decider, Audit: sinks, Metrics: metrics, Logger: s.log,
+		Decider: s.Decider, Audit: audit.Multi{s.Audit, metrics}, Metrics: metrics, Logger: s.log,
 		UpstreamRoots: cfg.UpstreamRoots, Modules: cfg.ServiceModules, CA: cfg.InterceptCA,
 	}); err != nil {
 		return nil, err
@@ -169,23 +187,40 @@ func New(ctx context.Context, cfg Config) (_ *Service, err error) {
 	if s.Manager, err = appliance.NewManager(ctx, mc); err != nil {
 		return nil, err
 	}
+	// One OpenAPI document for every route: the bridge's are in it when
+	// they can be used (a key is configured).
+	doc := server.OpenAPI()
+	if cfg.Bridge.Key != "" {
+		if doc, err = bridge.MergeOpenAPI(doc); err != nil {
+			return nil, err
+		}
+	}
 	sc := cfg.Server
-	sc.Backend, sc.Metrics, sc.Logger = s.Manager, s.Metrics, s.log
+	sc.Backend, sc.Metrics, sc.Logger, sc.OpenAPI = s.Manager, s.Metrics, s.log, doc
 	if s.Server, err = server.New(sc); err != nil {
 		return nil, err
 	}
+	bc := cfg.Bridge
+	bc.Backend, bc.Agent, bc.Dirs, bc.OpenAPI, bc.Metrics, bc.Logger = s.Manager, s.Server.AgentConfig, s.Server.Dirs, doc, s.Metrics, s.log
+	if s.Bridge, err = bridge.New(bc); err != nil {
+		return nil, fmt.Errorf("%w: %v", appliance.ErrBadInput, err)
+	}
+	s.Front = forward.New(forward.Config{Locator: s.Manager, Next: s.Bridge.Front(s.Server), Auth: cfg.PeerAuth, Logger: s.log})
+	s.handler = s.Front
 	return s, nil
 }
 
-// Handler is the HTTP service: protocol 1 and sandgate's /v1.
-func (s *Service) Handler() http.Handler { return s.Server }
+// Handler is the HTTP service: protocol 1, sandgate's /v1 and the
+// Cloudflare bridge's routes, forwarded to the shard running the sandbox
+// a request names.
+func (s *Service) Handler() http.Handler { return s.handler }
 
 // Serve serves the HTTP service on ln, as `sandgate serve` does: HTTP/1.1
 // and HTTP/2 without TLS (Cloud Run's front end speaks it to the container
 // when the service uses --use-http2, which lifts its 32 MiB cap on HTTP/1
 // request bodies). It returns http.ErrServerClosed once Shutdown began.
 func (s *Service) Serve(ln net.Listener) error {
-	hs := &http.Server{Handler: s.Server, ReadHeaderTimeout: 30 * time.Second, ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelDebug)}
+	hs := &http.Server{Handler: s.handler, ReadHeaderTimeout: 30 * time.Second, ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelDebug)}
 	hs.Protocols = new(http.Protocols)
 	hs.Protocols.SetHTTP1(true)
 	hs.Protocols.SetUnencryptedHTTP2(true)
@@ -206,14 +241,18 @@ type ShutdownResult struct {
 	// RequestsCut and EgressCut say that HTTP requests (streams, tunnels)
 	// or egress connections still open when ctx ended were cut.
 	RequestsCut, EgressCut bool
+	// AuditLost says why audit events held in memory could not all be
+	// written to the store (they are in the audit log); nil when they were.
+	AuditLost error
 }
 
 // Shutdown stops the service within ctx, in this order: no new
 // connections; every running sandbox saved, in parallel (SaveAll: a
-// sandbox that could not be saved keeps its previous snapshot); the HTTP
-// requests drained (their streams end with their sandboxes); the egress
-// connections drained; the store and the resolver closed. What is still
-// open when ctx ends is cut.
+// sandbox that could not be saved keeps its previous snapshot), its audit
+// with it; the HTTP requests drained (their streams end with their
+// sandboxes); the egress connections drained; what is left of the audit
+// written; the store and the resolver closed. What is still open when ctx
+// ends is cut.
 func (s *Service) Shutdown(ctx context.Context) ShutdownResult {
 	s.mu.Lock()
 	s.shutdown = true
@@ -233,6 +272,9 @@ func (s *Service) Shutdown(ctx context.Context) ShutdownResult {
 	if err := s.Proxy.Shutdown(ctx); err != nil {
 		res.EgressCut = true
 	}
+	if err := s.Audit.Close(ctx); err != nil {
+		res.AuditLost = err
+	}
 	s.close()
 	return res
 }
@@ -241,6 +283,11 @@ func (s *Service) Shutdown(ctx context.Context) ShutdownResult {
 func (s *Service) close() {
 	if s.Proxy != nil {
 		s.Proxy.Close()
+	}
+	if s.Audit != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		s.Audit.Close(ctx) // a second Close writes what came since, if anything
+		cancel()
 	}
 	if s.store != nil {
 		s.store.Close()

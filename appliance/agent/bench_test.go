@@ -29,7 +29,7 @@ func BenchmarkEgressOverPipes(b *testing.B) {
 	chunk := make([]byte, 1<<20)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	c, err := NewClient(ctx, svcEnd, ClientOptions{Config: cfg, Egress: func(conn net.Conn) {
+	c, err := NewClient(ctx, svcEnd, ClientOptions{Config: cfg, Egress: func(conn net.Conn, _ Peer) {
 		defer conn.Close()
 		for n := 0; n < size; n += len(chunk) {
 			if _, err := conn.Write(chunk); err != nil {

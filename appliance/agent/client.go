@@ -23,18 +23,20 @@ type ClientOptions struct {
 	// Config is sent to the agent in the hello exchange.
 	Config Config
 	// Egress is called, each in its own goroutine, with every connection
-	// a sandbox process makes to the relay listener: hand it to
-	// relay.Proxy.ServeConn under this sandbox's identity. The handler owns
+	// a sandbox process makes to the relay listener and the process the
+	// agent says made it (zero when it could not tell): hand it to
+	// relay.Proxy.ServePeer under this sandbox's identity. The handler owns
 	// the conn and must close it. Nil refuses egress (each connection is
 	// closed at once).
-	Egress func(net.Conn)
+	Egress func(net.Conn, Peer)
 	// Captured is called, each in its own goroutine, with every
-	// connection captured in the sandbox (see CaptureListener), and
-	// where the process was going (to: host:port, the name the sandbox's
-	// DNS responder gave the address it dialed, or that address): hand it
-	// to relay.Proxy.ServeCaptured. Like to, it is the sandbox's word: a
-	// CONNECT line's worth. The handler owns the conn. Nil refuses them.
-	Captured func(conn net.Conn, to string)
+	// connection captured in the sandbox (see CaptureListener), where the
+	// process was going (to: host:port, the name the sandbox's DNS
+	// responder gave the address it dialed, or that address) and the
+	// process, as for Egress: hand it to relay.Proxy.ServeCaptured. Like
+	// to, it is the sandbox's word: a CONNECT line's worth. The handler
+	// owns the conn. Nil refuses them.
+	Captured func(conn net.Conn, to string, peer Peer)
 	// Lookup is called with each name the sandbox's DNS responder
 	// refused (no capture in place) and the query type, for the audit.
 	// Nil drops them. The agent limits how often it reports; it is the
@@ -238,7 +240,7 @@ func (c *Client) incoming(st *yamux.Stream, release func()) {
 		// As on the stream path, the link going down cuts the connection.
 		stop := context.AfterFunc(c.linkCtx, func() { conn.Close() })
 		defer stop()
-		c.handOver(conn, req.To)
+		c.handOver(conn, req.To, req.peer())
 		return
 	}
 	release()
@@ -247,17 +249,17 @@ func (c *Client) incoming(st *yamux.Stream, release func()) {
 		st.Close()
 		return
 	}
-	c.handOver(&streamConn{Stream: st, local: Addr{c.info.RelayAddr}, remote: Addr{req.From}}, req.To)
+	c.handOver(&streamConn{Stream: st, local: Addr{c.info.RelayAddr}, remote: Addr{req.From}}, req.To, req.peer())
 }
 
 // handOver gives an egress connection to its handler: Egress for one made
 // to the relay listener, Captured for one captured going to to.
-func (c *Client) handOver(conn net.Conn, to string) {
+func (c *Client) handOver(conn net.Conn, to string, peer Peer) {
 	switch {
 	case to == "" && c.opts.Egress != nil:
-		c.opts.Egress(conn)
+		c.opts.Egress(conn, peer)
 	case to != "" && c.opts.Captured != nil:
-		c.opts.Captured(conn, to)
+		c.opts.Captured(conn, to, peer)
 	default:
 		conn.Close()
 	}
@@ -421,6 +423,18 @@ type Cmd struct {
 	// process exits (background processes may hold its stdout); zero
 	// means DefaultWaitDelay.
 	WaitDelay time.Duration
+	// TTY, when set, runs the command on a terminal of this size (a PTY
+	// the agent allocates, the controlling terminal of a session of the
+	// command's own): its stdout and stderr are the terminal's output,
+	// delivered to Stdout; Stdin or StdinPipe is typed into it (its end is
+	// no EOF: a terminal ends when the command does, or is killed);
+	// Process.Resize changes its size. A zero size is the kernel's default.
+	TTY *WinSize
+}
+
+// WinSize is a terminal's size in character cells.
+type WinSize struct {
+	Rows, Cols uint16
 }
 
 // ExitStatus is how a command ended: an exit code, or the signal that
@@ -459,6 +473,7 @@ type Process struct {
 	done   chan struct{}
 	status ExitStatus
 	err    error
+	tty    bool // runs on a terminal (Cmd.TTY)
 }
 
 // Spawn starts a command and returns once it runs. ctx bounds the start
@@ -473,12 +488,15 @@ func (c *Client) Spawn(ctx context.Context, cmd Cmd) (*Process, error) {
 	if cmd.WaitDelay > 0 && req.WaitDelayMS == 0 {
 		req.WaitDelayMS = 1
 	}
+	if cmd.TTY != nil {
+		req.TTY = &wireSize{Rows: cmd.TTY.Rows, Cols: cmd.TTY.Cols}
+	}
 	o, resp, err := c.open(ctx, req)
 	if err != nil {
 		return nil, err
 	}
 	o.stop() // the command outlives ctx
-	p := &Process{ID: resp.ID, PID: resp.PID, c: c, o: o, done: make(chan struct{})}
+	p := &Process{ID: resp.ID, PID: resp.PID, c: c, o: o, done: make(chan struct{}), tty: cmd.TTY != nil}
 	switch {
 	case cmd.Stdin != nil:
 		go stdinCopier{f: o.f, r: cmd.Stdin}.run()
@@ -600,6 +618,20 @@ func (p *Process) Signal(ctx context.Context, sig syscall.Signal) error {
 	return err
 }
 
+// Resize changes the size of the terminal of a command started with
+// Cmd.TTY. It is an error for any other.
+func (p *Process) Resize(size WinSize) error {
+	if !p.tty {
+		return &Error{Op: "exec", Code: codeInvalid, Message: "Resize of a command without a terminal (Cmd.TTY)"}
+	}
+	select {
+	case <-p.done:
+		return &Error{Op: "exec", Code: codeDone, Message: fmt.Sprintf("process %d has exited", p.ID)}
+	default:
+	}
+	return p.o.f.msg(response{Size: &wireSize{Rows: size.Rows, Cols: size.Cols}})
+}
+
 // Kill is Signal(ctx, SIGKILL).
 func (p *Process) Kill(ctx context.Context) error { return p.Signal(ctx, syscall.SIGKILL) }
 
@@ -639,6 +671,33 @@ func (c *Client) Run(ctx context.Context, cmd Cmd) (ExitStatus, error) {
 func (c *Client) KillAll(ctx context.Context) (int, error) {
 	resp, err := c.call(ctx, request{Op: "killall"})
 	return resp.Killed, err
+}
+
+// SetDeadline sets the agent's dead man's switch: if d passes without
+// another SetDeadline, the agent kills every command and starts none until
+// the next one. 0 lifts it. A service sets it to how long it is sure to
+// own the sandbox.
+func (c *Client) SetDeadline(ctx context.Context, d time.Duration) error {
+	ms := d.Milliseconds()
+	if d > 0 && ms == 0 {
+		ms = 1
+	}
+	_, err := c.call(ctx, request{Op: "deadline", DeadlineMS: ms})
+	return err
+}
+
+// Pause stops every command (SIGSTOP) until Continue, or until d passes,
+// when the agent continues them itself; it returns how many it stopped.
+func (c *Client) Pause(ctx context.Context, d time.Duration) (int, error) {
+	ms := max(d.Milliseconds(), 1)
+	resp, err := c.call(ctx, request{Op: "pause", PauseMS: ms})
+	return resp.Killed, err
+}
+
+// Continue continues the commands Pause stopped.
+func (c *Client) Continue(ctx context.Context) error {
+	_, err := c.call(ctx, request{Op: "pause"})
+	return err
 }
 
 // ---- files ----

@@ -246,12 +246,16 @@ func (r *resolved) commandEnv(relay string, set []string) ([]string, error) {
 	}
 	proxy := "http://" + relay
 	env := map[string]string{
-		"PATH":                          r.path,
-		"HOME":                          r.home,
-		"LANG":                          "C.UTF-8",
-		"NODE_USE_ENV_PROXY":            "1", // Node.js 24's fetch honours the proxy variables
-		"IS_SANDBOX":                    "1",
-		"npm_config_side_effects_cache": "false",
+		"PATH":               r.path,
+		"HOME":               r.home,
+		"LANG":               "C.UTF-8",
+		"NODE_USE_ENV_PROXY": "1", // Node.js 24's fetch honours the proxy variables
+		"IS_SANDBOX":         "1",
+		// Protocol 1 gives npm_config_side_effects_cache=false, a pnpm
+		// setting: npm 11 (the image's) warns on every command about an
+		// npm_config_ variable it does not know, and pnpm 11 reads its
+		// own settings from pnpm_config_ variables only.
+		"pnpm_config_side_effects_cache": "false",
 	}
 	for _, k := range proxyVars[:4] {
 		env[k] = proxy

@@ -207,3 +207,77 @@ func TestLinkDropProcess(t *testing.T) {
 		t.Errorf("Run on a dropped link = %v, want ErrLinkDown", err)
 	}
 }
+
+// TestDeadlineProcess: the dead man's switch. A deadline renewed in time
+// changes nothing; one that passes kills every command and refuses new
+// ones until the service sets another.
+func TestDeadlineProcess(t *testing.T) {
+	a := startAgentProcess(t)
+	ctx := testCtx(t)
+	if err := a.c.SetDeadline(ctx, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	p, err := a.c.Spawn(ctx, Cmd{Args: []string{"sleep", "1000"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.c.SetDeadline(ctx, 50*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := p.Wait(ctx); err != nil || st.Signal != syscall.SIGKILL {
+		t.Fatalf("a command past the deadline: %v %v, want killed", st, err)
+	}
+	if _, err := a.c.Spawn(ctx, Cmd{Args: []string{"true"}}); !errors.Is(err, ErrExpired) {
+		t.Fatalf("a command after the deadline passed: %v, want ErrExpired", err)
+	}
+	if err := a.c.SetDeadline(ctx, 0); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := a.c.Run(ctx, Cmd{Args: []string{"true"}}); err != nil || !st.Success() {
+		t.Fatalf("a command once the deadline is lifted: %v %v", st, err)
+	}
+	if err := a.c.SetDeadline(ctx, -time.Second); err == nil {
+		t.Errorf("a negative deadline was taken")
+	}
+}
+
+// TestPauseProcess: a pause stops every command until continued, and
+// continues them by itself when its time passes.
+func TestPauseProcess(t *testing.T) {
+	a := startAgentProcess(t)
+	ctx := testCtx(t)
+	p, err := a.c.Spawn(ctx, Cmd{Args: []string{"sleep", "1000"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	state := func() byte {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.PID))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, rest, _ := strings.Cut(string(b), ") ")
+		return rest[0]
+	}
+	waitState := func(want byte) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); state() != want; time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("command state %c, want %c", state(), want)
+			}
+		}
+	}
+	if n, err := a.c.Pause(ctx, time.Minute); err != nil || n < 1 {
+		t.Fatalf("pause: %d %v", n, err)
+	}
+	waitState('T')
+	if err := a.c.Continue(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitState('S')
+	// A pause nobody ends ends by itself.
+	if _, err := a.c.Pause(ctx, 100*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	waitState('S')
+	p.Kill(ctx)
+}

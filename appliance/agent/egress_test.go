@@ -80,11 +80,11 @@ func newEgressEnvOver(t *testing.T, kind transport) *egressEnv {
 	e := &egressEnv{ca: ca, rings: rings, tenant: tenant, types: map[string]int{}}
 	e.l = startLinkOver(t, kind, ClientOptions{
 		Config: Config{BaseURLs: map[string]string{"ANTHROPIC_BASE_URL": "https://api.example.com"}},
-		Egress: func(c net.Conn) {
+		Egress: func(c net.Conn, p Peer) {
 			e.mu.Lock()
 			e.types[fmt.Sprintf("%T", c)]++
 			e.mu.Unlock()
-			proxy.ServeConn(ctx, c, tenant)
+			proxy.ServePeer(ctx, c, tenant, relay.Peer{PID: p.PID, Args: p.Args})
 		},
 	}, nil)
 	return e

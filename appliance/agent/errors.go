@@ -30,6 +30,9 @@ var (
 	ErrRefused = snapshot.ErrRefused
 	// ErrUnreachable: nothing listens on the dialed port in the sandbox.
 	ErrUnreachable = errors.New("unreachable")
+	// ErrExpired: the deadline the service set (SetDeadline) passed
+	// without a new one: the agent stopped every command and starts none.
+	ErrExpired = errors.New("the service's deadline for this sandbox passed")
 )
 
 // Error codes on the wire.
@@ -44,6 +47,7 @@ const (
 	codeVersion    = "version"
 	codeUnreach    = "unreachable"
 	codeFailed     = "failed"
+	codeExpired    = "expired"
 )
 
 // Error is a failure the agent reported for an operation.
@@ -77,6 +81,8 @@ func (e *Error) Is(target error) bool {
 		return target == ErrTooLarge
 	case codeDone:
 		return target == os.ErrProcessDone
+	case codeExpired:
+		return target == ErrExpired
 	case codeVersion:
 		return target == ErrVersionMismatch
 	case codeUnreach:

@@ -30,19 +30,25 @@ const (
 	drainCap = 1 << 20
 )
 
-// exec starts a command and streams it: the request, a response with its id
-// and pid, then stdout and stderr frames, then an Exit message. The client
-// sends stdin as data frames ended by an End message.
-func (s *server) exec(st *yamux.Stream, f *framer, req request, cfg *resolved, relay string) {
-	fail := func(err error) { f.msg(response{Error: toWire(err)}) }
+// command is what an exec request resolved to: the program, its
+// arguments and environment, where it runs, and how long its output is
+// still read after it exits.
+type command struct {
+	exe, dir  string
+	args, env []string
+	waitDelay time.Duration
+}
+
+// resolveCommand checks an exec request and resolves its program, its
+// environment (the sandbox's, the base URLs, the command's own) and its
+// working directory.
+func resolveCommand(req request, cfg *resolved, relay string) (command, error) {
 	if len(req.Args) == 0 || req.Args[0] == "" {
-		fail(invalid("exec: no command: args must name a program"))
-		return
+		return command{}, invalid("exec: no command: args must name a program")
 	}
 	for _, a := range req.Args {
 		if strings.ContainsRune(a, 0) {
-			fail(invalid("exec: an argument contains a NUL byte"))
-			return
+			return command{}, invalid("exec: an argument contains a NUL byte")
 		}
 	}
 	if req.HasBaseURLs {
@@ -50,8 +56,7 @@ func (s *server) exec(st *yamux.Stream, f *framer, req request, cfg *resolved, r
 		c.baseURLs = map[string]string{}
 		for k, v := range req.BaseURLs {
 			if !validEnvName(k) || isProxyVar(k) || strings.EqualFold(k, "NO_PROXY") {
-				fail(invalid("exec: base URL variable %q: not a base URL variable name", k))
-				return
+				return command{}, invalid("exec: base URL variable %q: not a base URL variable name", k)
 			}
 			c.baseURLs[k] = v
 		}
@@ -59,8 +64,7 @@ func (s *server) exec(st *yamux.Stream, f *framer, req request, cfg *resolved, r
 	}
 	env, err := cfg.commandEnv(relay, req.Env)
 	if err != nil {
-		fail(err)
-		return
+		return command{}, err
 	}
 	pathEnv := ""
 	for _, kv := range env {
@@ -70,8 +74,7 @@ func (s *server) exec(st *yamux.Stream, f *framer, req request, cfg *resolved, r
 	}
 	exe, err := lookPath(req.Args[0], pathEnv)
 	if err != nil {
-		fail(err)
-		return
+		return command{}, err
 	}
 	dir := req.Dir
 	if dir == "" {
@@ -81,13 +84,35 @@ func (s *server) exec(st *yamux.Stream, f *framer, req request, cfg *resolved, r
 		}
 	}
 	if !path.IsAbs(dir) {
-		fail(invalid("exec: working directory %q: want an absolute path", dir))
-		return
+		return command{}, invalid("exec: working directory %q: want an absolute path", dir)
 	}
 	waitDelay := DefaultWaitDelay
 	if req.WaitDelayMS > 0 {
 		waitDelay = min(time.Duration(req.WaitDelayMS)*time.Millisecond, maxWaitDelay)
 	}
+	return command{exe: exe, dir: dir, args: req.Args, env: env, waitDelay: waitDelay}, nil
+}
+
+// exec starts a command and streams it: the request, a response with its id
+// and pid, then stdout and stderr frames, then an Exit message. The client
+// sends stdin as data frames ended by an End message. A request with a
+// terminal size (TTY) runs the command on a terminal instead (execPTY).
+func (s *server) exec(st *yamux.Stream, f *framer, req request, cfg *resolved, relay string) {
+	fail := func(err error) { f.msg(response{Error: toWire(err)}) }
+	if s.deadlinePassed() {
+		fail(&Error{Code: codeExpired, Message: "the service's deadline for this sandbox passed without renewal: it starts no command until the service renews it (the service may have lost the sandbox to another)"})
+		return
+	}
+	cmd, err := resolveCommand(req, cfg, relay)
+	if err != nil {
+		fail(err)
+		return
+	}
+	if req.TTY != nil {
+		s.execPTY(st, f, cmd, *req.TTY)
+		return
+	}
+	exe, dir, env, waitDelay := cmd.exe, cmd.dir, cmd.env, cmd.waitDelay
 
 	var stdinR, stdinW *os.File
 	if req.Stdin {
@@ -298,6 +323,9 @@ type proc struct {
 	pid    int
 	p      *os.Process
 	exited atomic.Bool // the leader was reaped: its pid may be reused
+	// session: it leads a session of its own (a terminal's), whose every
+	// process a SIGKILL reaches, background jobs included.
+	session bool
 }
 
 // signal signals the process group. Once the leader has been reaped, the
@@ -311,6 +339,9 @@ func (p *proc) signal(sig syscall.Signal) error {
 			return &Error{Code: codeDone, Message: fmt.Sprintf("process %d has exited", p.id)}
 		}
 		return fmt.Errorf("signal %d to process group %d: %w", sig, p.pid, err)
+	}
+	if p.session && sig == syscall.SIGKILL {
+		killSession(p.pid)
 	}
 	return nil
 }
@@ -338,7 +369,7 @@ func (t *procTable) start(exe string, args []string, attr *os.ProcAttr) (*proc, 
 		return nil, err
 	}
 	t.next++
-	p := &proc{id: t.next, pid: op.Pid, p: op}
+	p := &proc{id: t.next, pid: op.Pid, p: op, session: attr.Sys != nil && attr.Sys.Setsid}
 	t.byID[p.id] = p
 	t.byPID[p.pid] = p
 	return p, nil

@@ -86,7 +86,7 @@ func proxyRig(t *testing.T, cfg relay.Config, egress func(c net.Conn, serve func
 	r := &fdRig{logs: &syncbuf.Buffer{}}
 	r.l = startLinkOver(t, socketPair, ClientOptions{
 		Logger: slog.New(slog.NewJSONHandler(r.logs, nil)),
-		Egress: func(c net.Conn) { egress(c, serve) },
+		Egress: func(c net.Conn, _ Peer) { egress(c, serve) },
 	}, func(s *server) { r.s = s })
 	return r, proxy
 }
@@ -103,7 +103,7 @@ func TestPassedSocketMadeBlockingKeepsDeadlines(t *testing.T) {
 	r := newFDRig(t)
 	d, peer := tcpPair(t) // peer: the sandbox's own copy of the accepted socket
 
-	r.s.passFD(dupOf(t, peer), "hostile", "")
+	r.s.passFD(dupOf(t, peer), "hostile", "", nil)
 	var c net.Conn
 	select {
 	case c = <-r.egress:
@@ -170,7 +170,7 @@ func TestPassedSocketMadeBlockingCannotHangProxy(t *testing.T) {
 		finished <- struct{}{}
 	})
 	d, peer := tcpPair(t)
-	r.s.passFD(dupOf(t, peer), "hostile", "")
+	r.s.passFD(dupOf(t, peer), "hostile", "", nil)
 	select {
 	case <-served:
 	case <-time.After(10 * time.Second):
@@ -232,12 +232,12 @@ func TestRefusalBeyondCapNotPinnedByBlockingSocket(t *testing.T) {
 	defer proxy.Close()
 	// The first connection takes the sandbox's one slot and idles.
 	_, p1 := tcpPair(t)
-	r.s.passFD(dupOf(t, p1), "slot", "")
+	r.s.passFD(dupOf(t, p1), "slot", "", nil)
 	<-served
 	goOn <- struct{}{}
 
 	d2, p2 := tcpPair(t)
-	r.s.passFD(dupOf(t, p2), "hostile", "")
+	r.s.passFD(dupOf(t, p2), "hostile", "", nil)
 	select {
 	case <-served:
 	case <-time.After(10 * time.Second):

@@ -84,7 +84,7 @@ func newFDRig(t *testing.T) *fdRig {
 	r := &fdRig{logs: &syncbuf.Buffer{}, egress: make(chan net.Conn, 16)}
 	r.l = startLinkOver(t, socketPair, ClientOptions{
 		Logger: slog.New(slog.NewJSONHandler(r.logs, nil)),
-		Egress: func(c net.Conn) { r.egress <- c },
+		Egress: func(c net.Conn, _ Peer) { r.egress <- c },
 	}, func(s *server) { r.s = s })
 	if !r.l.c.Info().FDPass {
 		t.Fatal("Info().FDPass = false over a socketpair, want true")
@@ -136,7 +136,7 @@ func TestFDPassHostile(t *testing.T) {
 	refuse := func(name string, sc syscall.Conn) {
 		t.Helper()
 		base := fdCount(t)
-		r.s.passFD(dupOf(t, sc), name, "")
+		r.s.passFD(dupOf(t, sc), name, "", nil)
 		refusals++
 		r.waitLog(t, "refused a socket the agent passed", refusals)
 		waitFDs(t, base)
@@ -199,7 +199,7 @@ func TestFDPassHostile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r.s.passFD(dupOf(t, d.(*net.TCPConn)), "good", "")
+	r.s.passFD(dupOf(t, d.(*net.TCPConn)), "good", "", nil)
 	d.Close()
 	var c net.Conn
 	select {
@@ -338,7 +338,7 @@ func TestFDPassProcess(t *testing.T) {
 	}()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	cl, err := NewClient(ctx, c, ClientOptions{Config: testConfig(), Egress: func(c net.Conn) {
+	cl, err := NewClient(ctx, c, ClientOptions{Config: testConfig(), Egress: func(c net.Conn, _ Peer) {
 		fmt.Fprintf(c, "served a %T", c)
 		c.Close()
 	}})

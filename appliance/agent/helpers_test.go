@@ -26,6 +26,9 @@ func TestMain(m *testing.M) {
 	case "produce":
 		produce()
 		os.Exit(0)
+	case "connect":
+		connect()
+		os.Exit(0)
 	default:
 		os.Exit(99)
 	}

@@ -109,7 +109,7 @@ func TestEnvExact(t *testing.T) {
 		"http_proxy=" + relay,
 		"https_proxy=" + relay,
 		"no_proxy=internal.example,localhost,127.0.0.1",
-		"npm_config_side_effects_cache=false",
+		"pnpm_config_side_effects_cache=false",
 	}
 	slices.Sort(want)
 	if !slices.Equal(got, want) {
@@ -338,8 +338,8 @@ func TestVictims(t *testing.T) {
 	if got := victims(cyc, 7, KillSandbox); len(got) != 0 {
 		t.Errorf("cycle: %v", got)
 	}
-	st := "1234 (a (weird) name) S 99 1234 1234 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 555 1000 200"
-	if pi, ok := parseStat([]byte(st)); !ok || pi.pid != 1234 || pi.ppid != 99 || pi.state != 'S' || pi.start != 555 {
+	st := "1234 (a (weird) name) S 99 1234 1200 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 555 1000 200"
+	if pi, ok := parseStat([]byte(st)); !ok || pi.pid != 1234 || pi.ppid != 99 || pi.sid != 1200 || pi.state != 'S' || pi.start != 555 {
 		t.Errorf("parseStat(%q) = %+v %v", st, pi, ok)
 	}
 }

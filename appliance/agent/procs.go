@@ -18,6 +18,7 @@ import (
 // procInfo is one line of the process table, from /proc/<pid>/stat.
 type procInfo struct {
 	pid, ppid int
+	sid       int // its session's id (the session leader's pid)
 	state     byte
 	start     uint64 // start time, clock ticks after boot
 	holder    bool   // it runs the agent's own executable as `agent --idle`
@@ -56,7 +57,7 @@ func listProcs() ([]procInfo, error) {
 	return out, nil
 }
 
-// parseStat reads pid, state, ppid and start time from a /proc/<pid>/stat
+// parseStat reads pid, state, ppid, session and start time from a /proc/<pid>/stat
 // line. The command name may hold spaces and parentheses, so fields are
 // counted from the last ')'.
 func parseStat(b []byte) (procInfo, bool) {
@@ -77,11 +78,15 @@ func parseStat(b []byte) (procInfo, bool) {
 	if err != nil {
 		return procInfo{}, false
 	}
+	sid, err := strconv.Atoi(string(f[3])) // field 6, session
+	if err != nil {
+		return procInfo{}, false
+	}
 	start, err := strconv.ParseUint(string(f[19]), 10, 64) // field 22, starttime
 	if err != nil {
 		return procInfo{}, false
 	}
-	return procInfo{pid: pid, ppid: ppid, state: f[0][0], start: start}, true
+	return procInfo{pid: pid, ppid: ppid, sid: sid, state: f[0][0], start: start}, true
 }
 
 // victims chooses what a kill-all stops, from a process table: for
@@ -180,6 +185,46 @@ func killScope(ctx context.Context, scope KillScope) (int, error) {
 		}
 	}
 	return len(killed), fmt.Errorf("kill-all: %d processes survived %d rounds of SIGKILL (pids %v; uninterruptible I/O?)", len(left), killRounds, left)
+}
+
+// killSession stops every process of session sid with SIGKILL: a
+// terminal's hang-up, which reaches the jobs a shell put in process groups
+// of their own too. Bounded as killScope; what survives is left.
+func killSession(sid int) {
+	for range killRounds {
+		procs, err := listProcs()
+		if err != nil {
+			return
+		}
+		n := 0
+		for _, p := range procs {
+			if p.sid == sid && p.state != 'Z' && p.pid != os.Getpid() {
+				if syscall.Kill(p.pid, syscall.SIGKILL) == nil {
+					n++
+				}
+			}
+		}
+		if n == 0 {
+			return
+		}
+		time.Sleep(killRoundWait)
+	}
+}
+
+// signalScope sends sig, once, to every process in scope but the agent,
+// and returns how many it signalled.
+func signalScope(scope KillScope, sig syscall.Signal) (int, error) {
+	procs, err := listProcs()
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, pid := range victims(procs, os.Getpid(), scope) {
+		if syscall.Kill(pid, sig) == nil {
+			n++
+		}
+	}
+	return n, nil
 }
 
 // startReaper makes the process a child subreaper and reaps the orphans

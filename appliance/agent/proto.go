@@ -58,6 +58,18 @@ type request struct {
 	// change of the sandbox's network changes between commands.
 	BaseURLs    map[string]string `json:"baseUrls,omitempty"`
 	HasBaseURLs bool              `json:"hasBaseUrls,omitempty"`
+	// TTY, when set, runs the command on a terminal of that size: a PTY
+	// the agent allocates (execPTY).
+	TTY *wireSize `json:"tty,omitempty"`
+
+	// deadline: how long from now the agent lets commands run; when it
+	// passes without a new deadline, it kills every command and starts
+	// none until one comes. 0 lifts it.
+	DeadlineMS int64 `json:"deadlineMs,omitempty"`
+
+	// pause: stop every command (SIGSTOP) for at most PauseMS, after which
+	// the agent continues them itself; 0 continues them now.
+	PauseMS int64 `json:"pauseMs,omitempty"`
 
 	// signal, killall
 	ID     uint64 `json:"id,omitempty"`
@@ -96,6 +108,28 @@ type request struct {
 	// because nothing is captured, and the query type.
 	Name  string `json:"name,omitempty"`
 	QType string `json:"qtype,omitempty"`
+
+	// Peer is the process that opened the connection, when the agent
+	// could tell.
+	Peer *Peer `json:"peer,omitempty"`
+}
+
+// peer is what the request says of the process behind an egress
+// connection: untrusted (the agent can be taken over), so only within the
+// agent's own bounds.
+func (r request) peer() Peer {
+	if r.Peer == nil || r.Peer.PID <= 0 {
+		return Peer{}
+	}
+	p := Peer{PID: r.Peer.PID}
+	n := 0
+	for _, a := range r.Peer.Args[:min(len(r.Peer.Args), maxPeerArgs)] {
+		if n += len(a); n > maxPeerBytes {
+			break
+		}
+		p.Args = append(p.Args, a)
+	}
+	return p
 }
 
 // response answers a request, and also carries the messages that end a
@@ -130,6 +164,14 @@ type response struct {
 
 	End  bool      `json:"end,omitempty"`
 	Exit *wireExit `json:"exit,omitempty"`
+	// Size (service → agent, on a terminal's stream) resizes the terminal.
+	Size *wireSize `json:"size,omitempty"`
+}
+
+// wireSize is a terminal's size in character cells.
+type wireSize struct {
+	Rows uint16 `json:"rows"`
+	Cols uint16 `json:"cols"`
 }
 
 // wireError is an error as it crosses the link: a code the client maps to
@@ -157,6 +199,7 @@ var knownOps = map[string]bool{
 	"read": true, "write": true, "stat": true, "mkdir": true, "remove": true,
 	"tarin": true, "tarout": true, "dial": true, "egress": true, "fdpass": true,
 	"capture": true, "dnsmode": true, "lookup": true,
+	"deadline": true, "pause": true,
 }
 
 // readFrame reads one frame from r into buf (grown as needed) and returns

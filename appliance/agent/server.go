@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/hashicorp/yamux"
@@ -85,6 +86,13 @@ type server struct {
 	// capture listener (nil until op capture).
 	dns   *dnsResponder
 	capLn net.Listener
+	// deadline is the service's dead man's switch (op deadline): when it
+	// fires, every command is killed and none starts until a new one.
+	dmu      sync.Mutex
+	deadline *time.Timer
+	expired  bool
+	// paused continues the commands a pause stopped, when it passes.
+	paused *time.Timer
 
 	// fd attaches descriptors to the link: nil unless the link is a unix
 	// stream socket. fdPass is set once the service asked for sockets
@@ -240,6 +248,10 @@ func (s *server) handle(st *yamux.Stream) {
 		s.tarOut(st, f, req)
 	case "dial":
 		s.dial(st, f, req)
+	case "deadline":
+		s.setDeadline(f, req, cfg)
+	case "pause":
+		s.pause(f, req, cfg)
 	case "fdpass":
 		// Sockets only go to a service that asked: one whose link is
 		// not a unix socket (Cloud Run's CLI relays bytes) never asks.
@@ -254,6 +266,89 @@ func (s *server) handle(st *yamux.Stream) {
 	default:
 		f.msg(response{Error: toWire(invalid("op %q is not served by the agent", req.Op))})
 	}
+}
+
+// setDeadline arms (or lifts, at 0) the dead man's switch: a service that
+// cannot tell whether it still owns this sandbox (its lease in the store
+// may have expired, another service may run the sandbox from its last
+// snapshot) sets it to how long it is sure to own it, renewing it before
+// it passes. A paused or partitioned service cannot renew it, and cannot
+// stop the commands itself; the agent does, in time.
+func (s *server) setDeadline(f *framer, req request, cfg *resolved) {
+	if req.DeadlineMS < 0 {
+		f.msg(response{Error: toWire(invalid("deadline: %d ms is negative", req.DeadlineMS))})
+		return
+	}
+	s.dmu.Lock()
+	if s.deadline != nil {
+		s.deadline.Stop()
+		s.deadline = nil
+	}
+	s.expired = false
+	if req.DeadlineMS > 0 {
+		var t *time.Timer
+		t = time.AfterFunc(time.Duration(req.DeadlineMS)*time.Millisecond, func() {
+			s.dmu.Lock()
+			if s.deadline != t { // replaced meanwhile
+				s.dmu.Unlock()
+				return
+			}
+			s.expired = true
+			s.dmu.Unlock()
+			n, err := killScope(s.ctx, cfg.killScope)
+			s.log.Warn("agent: the service's deadline passed without renewal: every command killed, none starts until it renews", "killed", n, "err", err)
+		})
+		s.deadline = t
+	}
+	s.dmu.Unlock()
+	f.msg(response{})
+}
+
+// pause stops every command (SIGSTOP) while the service copies the
+// sandbox's layer for a checkpoint, and continues them (SIGCONT) when
+// told, or by itself when PauseMS passes: a service that dies mid-copy
+// leaves nothing stopped.
+func (s *server) pause(f *framer, req request, cfg *resolved) {
+	if req.PauseMS < 0 || req.PauseMS > int64(maxPause/time.Millisecond) {
+		f.msg(response{Error: toWire(invalid("pause: %d ms: want 0 (continue) to %d", req.PauseMS, maxPause.Milliseconds()))})
+		return
+	}
+	s.dmu.Lock()
+	if s.paused != nil {
+		s.paused.Stop()
+		s.paused = nil
+	}
+	if req.PauseMS == 0 {
+		s.dmu.Unlock()
+		n, err := signalScope(cfg.killScope, syscall.SIGCONT)
+		f.msg(response{Killed: n, Error: toWire0(err)})
+		return
+	}
+	s.paused = time.AfterFunc(time.Duration(req.PauseMS)*time.Millisecond, func() {
+		n, _ := signalScope(cfg.killScope, syscall.SIGCONT)
+		s.log.Warn("agent: a pause passed its time without the service continuing the commands: continued", "commands", n)
+	})
+	s.dmu.Unlock()
+	n, err := signalScope(cfg.killScope, syscall.SIGSTOP)
+	f.msg(response{Killed: n, Error: toWire0(err)})
+}
+
+// maxPause bounds a pause.
+const maxPause = 10 * time.Minute
+
+// toWire0 is toWire of a possibly nil error.
+func toWire0(err error) *wireError {
+	if err == nil {
+		return nil
+	}
+	return toWire(err)
+}
+
+// deadlinePassed says whether the service's deadline passed unrenewed.
+func (s *server) deadlinePassed() bool {
+	s.dmu.Lock()
+	defer s.dmu.Unlock()
+	return s.expired
 }
 
 // hello checks the version, applies the configuration and starts the relay
@@ -467,14 +562,15 @@ func (s *server) acceptEgress(ln net.Listener) {
 	}
 }
 
-// egressTo hands one connection to the service: to is "" for one made to
-// the relay listener, where the process said it was going (a captured
-// one).
+// egressTo hands one connection to the service, with the process that
+// made it when the agent can tell: to is "" for one made to the relay
+// listener, where the process said it was going (a captured one).
 func (s *server) egressTo(c *net.TCPConn, to string) {
+	peer := findPeer(c)
 	if s.fdPass.Load() {
 		fd, err := dupConn(c)
 		if err == nil {
-			s.passFD(fd, c.RemoteAddr().String(), to)
+			s.passFD(fd, c.RemoteAddr().String(), to, peer)
 			c.Close() // the service holds the socket now
 			return
 		}
@@ -486,7 +582,7 @@ func (s *server) egressTo(c *net.TCPConn, to string) {
 		return
 	}
 	sc := &streamConn{Stream: st}
-	if err := newFramer(st).msg(request{Op: "egress", From: c.RemoteAddr().String(), To: to}); err != nil {
+	if err := newFramer(st).msg(request{Op: "egress", From: c.RemoteAddr().String(), To: to, Peer: peer}); err != nil {
 		sc.Close()
 		c.Close()
 		return
@@ -499,7 +595,7 @@ func (s *server) egressTo(c *net.TCPConn, to string) {
 // passFD hands the socket fd (which it consumes) to the service: fd rides
 // on the link's next write, then an egress stream names it by number.
 // The stream carries nothing else and is closed at once.
-func (s *server) passFD(fd int, from, to string) {
+func (s *server) passFD(fd int, from, to string, peer *Peer) {
 	seq, ok := s.sender().attach(fd)
 	if !ok {
 		return
@@ -508,7 +604,7 @@ func (s *server) passFD(fd int, from, to string) {
 	if err != nil {
 		return // the link is down: closing it closes fd
 	}
-	newFramer(st).msg(request{Op: "egress", From: from, FD: seq, To: to})
+	newFramer(st).msg(request{Op: "egress", From: from, FD: seq, To: to, Peer: peer})
 	st.Close()
 }
 

@@ -17,6 +17,7 @@ import (
 	"github.com/sandgate/sandgate/appliance"
 	"github.com/sandgate/sandgate/appliance/agent"
 	"github.com/sandgate/sandgate/bench/internal/benchkit"
+	"github.com/sandgate/sandgate/relay/audit"
 	"github.com/sandgate/sandgate/snapshot/store"
 )
 
@@ -97,7 +98,22 @@ func run(mb, small, changedMB, creates, saveAll int) error {
 	if _, err := m.Create(ctx, "builder", appliance.CreateOptions{}); err != nil {
 		return err
 	}
-	if err := sh("builder", fmt.Sprintf("%s -dir /opt/agents -mb %d -small %d", gentree, mb, small)); err != nil {
+	// The sandbox's image holds none of the host's /var/tmp: the
+	// generator goes in as a file, into /tmp (not saved with the layer).
+	builder, err := m.Sandbox("builder")
+	if err != nil {
+		return err
+	}
+	gf, err := os.Open(gentree)
+	if err != nil {
+		return err
+	}
+	_, err = builder.WriteFile(ctx, "/tmp/gentree", gf, agent.WriteOptions{Perm: 0o755, MaxBytes: 1 << 30})
+	gf.Close()
+	if err != nil {
+		return fmt.Errorf("copying the tree generator into the sandbox: %w", err)
+	}
+	if err := sh("builder", fmt.Sprintf("/tmp/gentree -dir /opt/agents -mb %d -small %d", mb, small)); err != nil {
 		return err
 	}
 	t0 := time.Now()
@@ -191,6 +207,13 @@ func run(mb, small, changedMB, creates, saveAll int) error {
 	fmt.Printf("suspended object %d bytes for %d MB changed: %.2fx the changed bytes (the template's %d MB are not saved again)\n\n",
 		size, changedMB, float64(size)/float64(changedMB<<20), mb)
 
+	// Suspend of such a sandbox whose audit holds 100k events (recorded
+	// as steady traffic would be: the service writes full segments as
+	// they fill), against one with none, alternately.
+	if err := auditSuspend(ctx, svc, m, sh, change, creates); err != nil {
+		return err
+	}
+
 	// SaveAll of several such sandboxes, as on SIGTERM.
 	for i := range saveAll {
 		id := fmt.Sprintf("all%d", i)
@@ -211,5 +234,76 @@ func run(mb, small, changedMB, creates, saveAll int) error {
 	}
 	fmt.Printf("SaveAll of %d sandboxes (each %d MB changed on the template) in %s (target < 5 s, half of Cloud Run's SIGTERM grace)\n",
 		len(r.Saved), changedMB, took.Round(time.Millisecond))
+	return nil
+}
+
+// auditEvents is how many audit events the suspend with an audit records.
+const auditEvents = 100_000
+
+// auditSuspend measures what a sandbox's audit adds to its suspend: rounds
+// of two sandboxes made from the template, each changing the same bytes,
+// one with auditEvents events recorded first, suspended one after the
+// other.
+func auditSuspend(ctx context.Context, svc *service.Service, m *appliance.Manager, sh func(id, script string) error, change string, rounds int) error {
+	var with, without []time.Duration
+	var held int
+	for i := range rounds {
+		for _, events := range []int{auditEvents, 0} {
+			id := fmt.Sprintf("a%d-%d", i, events)
+			if _, err := m.Create(ctx, id, appliance.CreateOptions{Template: "agents"}); err != nil {
+				return err
+			}
+			if err := sh(id, change); err != nil {
+				return err
+			}
+			if err := recordEvents(svc.Audit, id, events); err != nil {
+				return err
+			}
+			held = max(held, svc.Audit.HeldBytes(id))
+			t0 := time.Now()
+			if err := m.Suspend(ctx, id); err != nil {
+				return err
+			}
+			if events > 0 {
+				with = append(with, time.Since(t0))
+			} else {
+				without = append(without, time.Since(t0))
+			}
+			if page, err := m.AuditEvents(ctx, id, audit.Query{Limit: 1, Since: time.Now().Add(-time.Hour)}); err != nil || events > 0 && len(page.Lines) == 0 {
+				return fmt.Errorf("the audit of %s after its suspend: %v", id, err)
+			}
+			m.Destroy(ctx, id)
+		}
+	}
+	pw, po := benchkit.Pct(with, 50), benchkit.Pct(without, 50)
+	fmt.Printf("suspend p50 with %dk audit events %s, without %s: %.3fx (target < 1.05; at most %d KiB of events were still held at a suspend)\n\n",
+		auditEvents/1000, pw.Round(time.Millisecond), po.Round(time.Millisecond), pw.Seconds()/po.Seconds(), held>>10)
+	return nil
+}
+
+// recordEvents records n routed-request events of sandbox id into js, as
+// steady traffic would: in batches, each let be written (its full
+// segments) before the next.
+func recordEvents(js *audit.Journals, id string, n int) error {
+	hosts := []string{"api.anthropic.com", "registry.npmjs.org", "github.com", "pypi.org", "objects.githubusercontent.com"}
+	cmds := []string{"claude -p fix the failing test", "npm install", "git fetch origin", "pip install -r requirements.txt"}
+	start := time.Now().Add(-time.Duration(n) * time.Millisecond)
+	for i := range n {
+		h := hosts[i%len(hosts)]
+		js.Record(audit.Event{
+			Time: start.Add(time.Duration(i) * time.Millisecond), Sandbox: id, Kind: audit.Route, Allow: true, Code: "allowed_host",
+			Reason: h + " matched allowed host rule " + h, Host: h, Port: 443, PID: 1000 + i%50, Cmd: cmds[i%len(cmds)],
+			Method: "GET", Path: fmt.Sprintf("/v1/objects/%d", i), Rule: "allowedHosts:" + h, Addr: fmt.Sprintf("104.16.%d.%d:443", i%200, i%250),
+			Status: 200, BytesIn: int64(i % 1000), BytesOut: int64(i * 37 % 100000), Duration: time.Duration(i%5000) * time.Microsecond * 7,
+			DNSTime: time.Duration(i%100) * time.Microsecond,
+		})
+		if i%1000 == 999 {
+			for deadline := time.Now().Add(time.Minute); js.HeldBytes(id) > 600<<10; time.Sleep(time.Millisecond) {
+				if time.Now().After(deadline) {
+					return fmt.Errorf("the audit of %s is not written to the store", id)
+				}
+			}
+		}
+	}
 	return nil
 }

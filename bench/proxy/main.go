@@ -9,6 +9,8 @@
 //   - beside both, the floor: a process that forwards bytes and nothing
 //     else (floor.go), what a second hop costs on this machine whatever the
 //     proxy does;
+//   - what the durable audit (--audit-store) adds to a routed request: the
+//     same proxy with and without it, in the same rounds;
 //   - an intercepted request (CONNECT to a host the policy intercepts,
 //     the proxy terminating TLS) against the same request as a base-URL
 //     route, rate and latency (intercept.go).
@@ -79,8 +81,25 @@ func run(bin string, bulk int64, dur time.Duration, conc, latN int, h2 bool) err
 		return err
 	}
 
+	// The same proxy keeping its audit durably, as serve keeps each
+	// sandbox's, and its twin without: what the durable audit adds to a
+	// routed request. Both start together and carry the same traffic (the
+	// first proxy's heap grew in the tunnel measure, which changes what
+	// its garbage collector costs per request).
+	stored, err := env.StartProxy([]string{"BENCH_KEY=sk-bench-0123456789"},
+		append(env.ProxyArgs("stored"), "--transformations", rules, "--audit-store", filepath.Join(env.Dir, "audit-store"))...)
+	if err != nil {
+		return err
+	}
+	twin, err := env.StartProxy([]string{"BENCH_KEY=sk-bench-0123456789"}, append(env.ProxyArgs("twin"), "--transformations", rules)...)
+	if err != nil {
+		return err
+	}
+
 	direct := benchkit.Target{Name: "direct", Client: env.DirectClient(), URL: benchkit.DirectURL + "/small"}
 	route := benchkit.Target{Name: "route", Client: benchkit.RouteClient(), URL: p.RouteURL() + "/small"}
+	routeStored := benchkit.Target{Name: "route, durable audit", Client: benchkit.RouteClient(), URL: stored.RouteURL() + "/small"}
+	routeTwin := benchkit.Target{Name: "route, its twin", Client: benchkit.RouteClient(), URL: twin.RouteURL() + "/small"}
 	floorAddr, stopFloor, floorPid, err := startFloor(netip.AddrPortFrom(env.Upstream, 443).String(), benchkit.Host, env.CAFile)
 	if err != nil {
 		return err
@@ -101,6 +120,12 @@ func run(bin string, bulk int64, dur time.Duration, conc, latN int, h2 bool) err
 			return err
 		}
 		if err := floor.Get(context.Background()); err != nil {
+			return err
+		}
+		if err := routeStored.Get(context.Background()); err != nil {
+			return err
+		}
+		if err := routeTwin.Get(context.Background()); err != nil {
 			return err
 		}
 	}
@@ -134,7 +159,8 @@ func run(bin string, bulk int64, dur time.Duration, conc, latN int, h2 bool) err
 
 	// 2. Request rate, concurrent keep-alive clients, the three targets
 	// taking turns in rounds.
-	rs, err := benchkit.RateRounds([]benchkit.Target{direct, route, floor}, conc, dur, rateRounds, []int{0, p.Cmd.Process.Pid, floorPid})
+	rs, err := benchkit.RateRounds([]benchkit.Target{direct, route, floor, routeTwin, routeStored}, conc, dur, rateRounds,
+		[]int{0, p.Cmd.Process.Pid, floorPid, twin.Cmd.Process.Pid, stored.Cmd.Process.Pid})
 	if err != nil {
 		return err
 	}
@@ -148,15 +174,26 @@ func run(bin string, bulk int64, dur time.Duration, conc, latN int, h2 bool) err
 		rs.CPU[1].Seconds()/float64(rs.N[1])*1e6, rs.CPU[2].Seconds()/float64(rs.N[2])*1e6, float64(runtime.NumCPU())/dR*1e6, runtime.NumCPU())
 
 	// 3. Latency, one request at a time, interleaved so that noise hits both.
-	ls, err := benchkit.Latencies([]benchkit.Target{direct, route, floor}, latN)
+	ls, err := benchkit.Latencies([]benchkit.Target{direct, route, floor, routeTwin, routeStored}, latN)
 	if err != nil {
 		return err
 	}
-	dl, rl, fl := ls[0], ls[1], ls[2]
+	dl, rl, fl, tl, sl := ls[0], ls[1], ls[2], ls[3], ls[4]
 	us, pct := benchkit.US, benchkit.Pct
 	fmt.Printf("latency p50                direct %8.1f µs    route %8.1f µs    added %6.1f µs  (target < 50; floor adds %.1f µs)\n", us(pct(dl, 50)), us(pct(rl, 50)), us(pct(rl, 50)-pct(dl, 50)), us(pct(fl, 50)-pct(dl, 50)))
 	fmt.Printf("latency p99                direct %8.1f µs    route %8.1f µs    added %6.1f µs  (floor adds %.1f µs)\n", us(pct(dl, 99)), us(pct(rl, 99)), us(pct(rl, 99)-pct(dl, 99)), us(pct(fl, 99)-pct(dl, 99)))
 	fmt.Println("  floor: a process that only forwards the bytes of each request and answer over a kept-alive TLS connection (bench/proxy/floor.go)")
+
+	// 4. The durable audit (--audit-store: each event also kept in
+	// segments written to a store), against its twin without it,
+	// measured in the same rounds.
+	perReq := func(i int) float64 { return rs.CPU[i].Seconds() / float64(rs.N[i]) * 1e6 }
+	slo, shi := rs.RatioSpread(4, 3)
+	fmt.Printf("durable audit              twin %8.0f req/s  with it %8.0f req/s  ratio %.3f (rounds %.3f–%.3f)\n", rs.Rate[3], rs.Rate[4], rs.Rate[4]/rs.Rate[3], slo, shi)
+	fmt.Printf("  proxy CPU per routed request: twin %6.1f µs, with it %6.1f µs: %+.1f µs   latency p50 %+.1f µs, p99 %+.1f µs  (target < 2 µs added)\n",
+		perReq(3), perReq(4), perReq(4)-perReq(3), us(pct(sl, 50)-pct(tl, 50)), us(pct(sl, 99)-pct(tl, 99)))
+	fmt.Printf("  the twin against the first proxy (both without; the noise of these figures): CPU %+.1f µs, latency p50 %+.1f µs\n",
+		perReq(3)-perReq(1), us(pct(tl, 50)-pct(rl, 50)))
 	p.Stop() // the interception bench has a proxy of its own
 	return interceptBench(env, rules, conc, dur, latN, h2)
 }

@@ -218,7 +218,7 @@ func (r *rig) benchEgress(bulk int64, rounds int, profile string) error {
 func (r *rig) measure(id string, bulk int64, agentPid, upPid int, get func(context.Context) ([]byte, error)) (download, error) {
 	c, cancel := ctx(5 * time.Minute)
 	defer cancel()
-	before := len(r.rings.Events(id))
+	before := len(r.events(id))
 	self := os.Getpid()
 	b0, a0, u0 := benchkit.ProcCPU(self), benchkit.ProcCPU(agentPid), benchkit.ProcCPU(upPid)
 	out, err := get(c)
@@ -245,7 +245,7 @@ func (r *rig) measure(id string, bulk int64, agentPid, upPid int, get func(conte
 	// The tunnel's audit event is written as it closes, just after curl
 	// exits: wait for it, bounded.
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		evs := r.rings.Events(id)
+		evs := r.events(id)
 		if len(evs) > before && evs[len(evs)-1].Allow && evs[len(evs)-1].BytesOut >= bulk {
 			break
 		}

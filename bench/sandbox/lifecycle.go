@@ -76,6 +76,7 @@ func (r *rig) create(id string) (time.Duration, time.Duration, *appliance.Sandbo
 func (r *rig) createWith(l *appliance.Launcher, id string) (time.Duration, time.Duration, *appliance.Sandbox, error) {
 	cctx, cancel := ctx(60 * time.Second)
 	defer cancel()
+	r.audit.Open(id)
 	t0 := time.Now()
 	sb, err := appliance.Create(cctx, l, r.proxy, id, appliance.Options{Policy: r.policy})
 	if err != nil {

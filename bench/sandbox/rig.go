@@ -1,7 +1,9 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -29,7 +31,7 @@ type rig struct {
 	env      *benchkit.Env
 	svc      *service.Service
 	proxy    *relay.Proxy
-	rings    *audit.Rings
+	audit    *audit.Journals
 	policy   netpolicy.Policy
 	launcher *appliance.Launcher
 	// pipes drives the same `sandgate sandbox` as Google's CLI is driven
@@ -67,19 +69,19 @@ func newRig(bin string) (_ *rig, err error) {
 	if err != nil {
 		return nil, err
 	}
-	// The service as serve assembles it; its audit rings let the bench
-	// check that each download really went through the proxy, under the
-	// identity it expects.
+	// The service as serve assembles it; its audit (each sandbox's opened
+	// as the bench creates it) lets the bench check that each download
+	// really went through the proxy, under the identity it expects.
 	if r.svc, err = service.New(context.Background(), service.Config{
 		DNSServers: []string{r.env.DNS.Addr}, DialTimeout: 5 * time.Second,
 		AllowPrivate:  []netip.Prefix{netip.PrefixFrom(r.env.Upstream, 32)},
-		UpstreamRoots: r.env.CA.Pool, AuditKeep: 256, Store: st,
+		UpstreamRoots: r.env.CA.Pool, Store: st,
 		Launcher: appliance.LauncherConfig{CLI: r.env.Bin, StateDir: r.state, AgentBinary: r.env.Bin, Capture: true, PrivateDir: r.env.Dir},
 		Manager:  appliance.ManagerConfig{Version: "bench", WorkDir: filepath.Join(r.env.Dir, "work"), IdleSuspend: -1},
 	}); err != nil {
 		return nil, err
 	}
-	r.proxy, r.rings, r.launcher = r.svc.Proxy, r.svc.Audit, r.svc.Launcher
+	r.proxy, r.audit, r.launcher = r.svc.Proxy, r.svc.Audit, r.svc.Launcher
 	r.closers = append(r.closers, func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
@@ -153,4 +155,20 @@ func (r *rig) id(kind string, n int) string { return fmt.Sprintf("%s-%s%d", r.pr
 // stalling the run.
 func ctx(d time.Duration) (context.Context, context.CancelFunc) {
 	return context.WithTimeoutCause(context.Background(), d, errors.New("bench operation timed out"))
+}
+
+// events are the audit events held in memory of sandbox id (not yet
+// written to the store: a bench's few are in the segment being filled).
+func (r *rig) events(id string) []audit.Event {
+	var out []audit.Event
+	for _, seg := range r.audit.Held(id) {
+		b, _ := seg.Lines(context.Background())
+		for _, l := range bytes.Split(bytes.TrimSpace(b), []byte("\n")) {
+			var e audit.Event
+			if json.Unmarshal(l, &e) == nil {
+				out = append(out, e)
+			}
+		}
+	}
+	return out
 }

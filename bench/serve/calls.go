@@ -210,22 +210,32 @@ func (r *rig) benchExec(n int) error {
 		return err
 	}
 	viaHTTP := func() error { return r.execOK(c, "exec", "true") }
-	health := func() error { _, err := r.must(c, http.StatusOK, http.MethodGet, "/health", nil); return err }
-	for range 20 { // warm up both paths and the connection
-		if err := viaHTTP(); err != nil {
-			return err
+	// What the bridge runs for {"argv":["true"]}: the words given to sh as
+	// its positional parameters, in /workspace.
+	bridgeDirect := func() error {
+		st, err := sb.Run(c, agent.Cmd{Args: []string{"/bin/sh", "-c", `"$@"`, "sh", "true"}, Dir: "/workspace"})
+		if err == nil && !st.Success() {
+			err = fmt.Errorf("Sandbox.Run(the bridge's true): %v", st)
 		}
-		if err := direct(); err != nil {
-			return err
+		return err
+	}
+	viaBridge := func() error { return r.bridgeExec(c, "exec", "true") }
+	health := func() error { _, err := r.must(c, http.StatusOK, http.MethodGet, "/health", nil); return err }
+	for range 20 { // warm up every path and the connection
+		for _, f := range []func() error{viaHTTP, direct, viaBridge, bridgeDirect} {
+			if err := f(); err != nil {
+				return err
+			}
 		}
 	}
 	fmt.Fprintf(os.Stderr, "running `true` %d times each way...\n", n)
-	var h, d, floor []time.Duration
+	var h, d, bh, bd, floor []time.Duration
 	for i := range n {
-		fns := []func() error{viaHTTP, direct, health}
-		outs := []*[]time.Duration{&h, &d, &floor}
-		if i%2 != 0 {
+		fns := []func() error{viaHTTP, direct, viaBridge, bridgeDirect, health}
+		outs := []*[]time.Duration{&h, &d, &bh, &bd, &floor}
+		if i%2 != 0 { // each HTTP call and its baseline take turns going first
 			fns[0], fns[1], outs[0], outs[1] = fns[1], fns[0], outs[1], outs[0]
+			fns[2], fns[3], outs[2], outs[3] = fns[3], fns[2], outs[3], outs[2]
 		}
 		for j, fn := range fns {
 			t0 := time.Now()
@@ -237,9 +247,46 @@ func (r *rig) benchExec(n int) error {
 	}
 	row("exec true, HTTP (frames parsed)", h, "POST …/exec until the Exit frame and EOF")
 	row("exec true, Sandbox.Run", d, "same command, same sandbox")
+	row("exec true, bridge (SSE parsed)", bh, "POST /v1/sandbox/{id}/exec until the exit event and EOF")
+	row("exec true, Sandbox.Run (bridge's)", bd, "sh -c '\"$@\"' sh true, same sandbox")
 	row("GET /health", floor, "one HTTP round trip, no handler work")
 	ph, pd := benchkit.Pct(h, 50), benchkit.Pct(d, 50)
-	fmt.Printf("  the API adds %.3f ms at p50 (target < 1 ms), %.3f ms at p99; HTTP / Run p50 %.2f\n\n",
+	fmt.Printf("  protocol 1 adds %.3f ms at p50 (target < 1 ms), %.3f ms at p99; HTTP / Run p50 %.2f\n",
 		float64(ph-pd)/1e6, float64(benchkit.Pct(h, 99)-benchkit.Pct(d, 99))/1e6, ph.Seconds()/pd.Seconds())
+	pbh, pbd := benchkit.Pct(bh, 50), benchkit.Pct(bd, 50)
+	fmt.Printf("  the bridge adds %.3f ms at p50, %.3f ms at p99; bridge / Run p50 %.2f; bridge / protocol 1 p50 %.2f\n\n",
+		float64(pbh-pbd)/1e6, float64(benchkit.Pct(bh, 99)-benchkit.Pct(bd, 99))/1e6, pbh.Seconds()/pbd.Seconds(), pbh.Seconds()/ph.Seconds())
+	return nil
+}
+
+// bridgeExec runs argv in sandbox id through the Cloudflare bridge's exec
+// route, as its clients do (Bearer key, JSON, the event stream read to its
+// end), and fails unless the exit event says 0.
+func (r *rig) bridgeExec(ctx context.Context, id string, argv ...string) error {
+	body, err := json.Marshal(map[string]any{"argv": argv})
+	if err != nil {
+		return err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+r.addr+"/v1/sandbox/"+id+"/exec", bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Authorization", "Bearer "+bridgeKey)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := r.client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return fmt.Errorf("bridge exec %q: the stream broke: %w", argv, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("bridge exec %q: status %d: %s", argv, resp.StatusCode, bytes.TrimSpace(data))
+	}
+	if !bytes.HasSuffix(data, []byte("event: exit\ndata: {\"exit_code\":0}\n\n")) {
+		return fmt.Errorf("bridge exec %q: the stream does not end with exit 0: %q", argv, data)
+	}
 	return nil
 }

@@ -4,8 +4,11 @@
 //   - exec: `true` through the protocol 1 exec route (POST …/exec, the frame
 //     stream read to its Exit frame) against Sandbox.Run of the same
 //     command on the same sandbox, interleaved; p50, p99 and the difference
-//     (target: the API adds < 1 ms at p50). GET /health gives the floor of
-//     one HTTP round trip on this machine.
+//     (target: the API adds < 1 ms at p50). The same for the Cloudflare
+//     bridge's exec (POST /v1/sandbox/{id}/exec, its event stream read to
+//     the exit event) against Sandbox.Run of what the bridge runs, beside
+//     it. GET /health gives the floor of one HTTP round trip on this
+//     machine.
 //   - create: POST /v1/sandboxes, from the image and from a template,
 //     against Manager.Create with the options the server passes, interleaved;
 //     p50 each.

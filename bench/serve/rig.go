@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/sandgate/sandgate/api"
+	"github.com/sandgate/sandgate/api/bridge"
 	"github.com/sandgate/sandgate/api/server"
 	"github.com/sandgate/sandgate/api/service"
 	"github.com/sandgate/sandgate/appliance"
@@ -28,6 +29,10 @@ import (
 // token is the service token of the bench's server: every request pays
 // the check, as it does beyond loopback.
 const token = "sandgate-bench-token"
+
+// bridgeKey is the Cloudflare bridge's key (SANDBOX_API_KEY) of the bench's
+// server: its exec route is measured beside protocol 1's.
+const bridgeKey = "sandgate-bench-bridge-key"
 
 // rig is one run's world: a directory under /var/tmp (sandboxes see it),
 // the sandgate binary built from this checkout, and the service assembled
@@ -89,6 +94,7 @@ func newRig() (_ *rig, err error) {
 			Version: "bench", WorkDir: filepath.Join(r.dir, "work"), IdleSuspend: -1, BaseURLs: map[string]string{},
 		},
 		Server: server.Config{Token: token, Version: "bench", EgressPort: 3128},
+		Bridge: bridge.Config{Key: bridgeKey},
 	}); err != nil {
 		return nil, err
 	}

@@ -165,6 +165,30 @@ func printList[T any](c *cli.Context, list []T, header string, row func(T) []str
 	return tw.Flush()
 }
 
+// findFlag is c's flag of that name, or nil.
+func findFlag(c *cli.Context, name string) cli.Flag {
+	for _, f := range c.Command.Flags {
+		if slices.Contains(f.Names(), name) {
+			return f
+		}
+	}
+	return nil
+}
+
+// combinedShorts reads "it" as the switches -i and -t: every letter must
+// be a boolean flag's one-letter name.
+func combinedShorts(c *cli.Context, letters string) ([]cli.Flag, bool) {
+	var out []cli.Flag
+	for _, r := range letters {
+		f := findFlag(c, string(r))
+		if _, isBool := f.(*cli.BoolFlag); !isBool {
+			return nil, false
+		}
+		out = append(out, f)
+	}
+	return out, true
+}
+
 // interspersed applies flags written after the positional arguments
 // ("unpack FILE --into DIR"), which urfave/cli v2 leaves in Args, and
 // returns the positional arguments (with everything after "--").
@@ -196,10 +220,16 @@ func splitArgs(c *cli.Context, nPos int) (pos, rest []string, err error) {
 			continue
 		}
 		name, value, hasValue := strings.Cut(strings.TrimLeft(a, "-"), "=")
-		var flag cli.Flag
-		for _, f := range c.Command.Flags {
-			if slices.Contains(f.Names(), name) {
-				flag = f
+		flag := findFlag(c, name)
+		if flag == nil && !hasValue && !strings.HasPrefix(a, "--") && len(name) > 1 {
+			// Single-letter switches written together, as docker's -it.
+			if shorts, ok := combinedShorts(c, name); ok {
+				for _, f := range shorts {
+					if err := c.Set(f.Names()[0], "true"); err != nil {
+						return nil, nil, badInput("%s: %v", a, err)
+					}
+				}
+				continue
 			}
 		}
 		if flag == nil {

@@ -26,6 +26,9 @@ func TestHelpText(t *testing.T) {
 			name := path + " " + c.Name
 			for _, f := range c.Flags {
 				line := cli.FlagStringer(f)
+				if strings.Count(line, "(default") > 1 {
+					t.Errorf("%s: %q says its default twice: put it in DefaultText, not the usage", name, line)
+				}
 				if strings.Contains(line, " value\t") {
 					t.Errorf("%s: %q has no placeholder: put one in backquotes in its usage", name, line)
 				}
@@ -94,5 +97,72 @@ func TestREADMEListsEveryProxyFlag(t *testing.T) {
 	}
 	if len(rows) != len(proxyCommand().Flags) {
 		t.Errorf("the README's proxy flag table has %d rows, the proxy %d flags", len(rows), len(proxyCommand().Flags))
+	}
+}
+
+// TestREADMEListsEveryVerb: the README's table of verbs names every
+// command of the binary and every subcommand of each (it lacked fork,
+// inspect, transformations, modules and template save, which the CLI
+// lacked too), and each client verb's aliases.
+func TestREADMEListsEveryVerb(t *testing.T) {
+	b, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	readme := string(b)
+	start := strings.Index(readme, "| verb | what it does |")
+	end := strings.Index(readme[max(start, 0):], "\n\n")
+	if start < 0 || end < 0 {
+		t.Fatal(`README.md has no "| verb | what it does |" table`)
+	}
+	rows := map[string]string{} // a row's first cell's first word
+	for _, line := range strings.Split(readme[start:start+end], "\n")[2:] {
+		cell, _, _ := strings.Cut(strings.TrimPrefix(line, "| "), " |")
+		word, _, _ := strings.Cut(strings.TrimPrefix(cell, "`"), " ")
+		rows[strings.TrimSuffix(word, "`")] += cell
+	}
+	for _, c := range newApp(nil, nil).Commands {
+		if c.Name == "help" {
+			continue
+		}
+		row, ok := rows[c.Name]
+		if !ok {
+			t.Errorf("the README's table of verbs has no row for %s", c.Name)
+			continue
+		}
+		for _, sub := range c.Subcommands {
+			if sub.Name != "help" && !strings.Contains(row, sub.Name) {
+				t.Errorf("the README's row for %s does not name %s %s", c.Name, c.Name, sub.Name)
+			}
+		}
+		if c.Category != "" {
+			for _, a := range c.Aliases {
+				if !strings.Contains(row, "`"+a+"`") {
+					t.Errorf("the README's row for %s does not name its alias %s", c.Name, a)
+				}
+			}
+		}
+	}
+}
+
+// The quick start's store (./.snapshots, serve's default) stays out of the
+// way: out of commits, and out of the image's build context (every
+// sandbox on Cloud Run reads the image).
+func TestDefaultStoreIsIgnored(t *testing.T) {
+	def := ""
+	for _, f := range serveCommand().Flags {
+		if f.Names()[0] == "snapshot-dir" {
+			def = f.(*cli.StringFlag).Value
+		}
+	}
+	for _, file := range []string{"../../.gitignore", "../../.dockerignore"} {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines := strings.Split(string(b), "\n")
+		if !slices.ContainsFunc(lines, func(l string) bool { return strings.Trim(l, "/") == strings.TrimPrefix(def, "./") }) {
+			t.Errorf("%s does not list serve's default store %s", file, def)
+		}
 	}
 }

@@ -21,10 +21,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/urfave/cli/v2"
 
+	"github.com/sandgate/sandgate/appliance"
 	"github.com/sandgate/sandgate/internal/cloudlog"
 	"github.com/sandgate/sandgate/relay"
 	"github.com/sandgate/sandgate/relay/audit"
 	"github.com/sandgate/sandgate/relay/ca"
+	"github.com/sandgate/sandgate/snapshot/store"
 	"github.com/sandgate/sandgate/transforms"
 	"github.com/sandgate/sandgate/transforms/wasm"
 )
@@ -36,7 +38,9 @@ func proxyCommand() *cli.Command {
 		Description: `Serves HTTP proxy connections on --listen as one sandbox (--sandbox-id):
 CONNECT host:443 tunnels, and base-URL routes http://LISTEN/https/<host>/<path>
 forwarded over HTTPS with the --transformations applied. Every decision is
-one audit event on --audit-log.`,
+one audit event on --audit-log; with --audit-store, also kept in a store as
+serve keeps a sandbox's (segments of zstd JSON lines under
+audit/<sandbox-id>/, written every --audit-flush and at exit).`,
 		// Where it listens, what it allows, what it rewrites, where it
 		// reports, how it stops, then the tuning of transform modules.
 		Flags: slices.Concat(
@@ -48,6 +52,8 @@ one audit event on --audit-log.`,
 				&cli.StringSliceFlag{Name: "upstream-ca", Usage: "also trust the PEM certificates in `FILE` for upstreams (tests, private CAs); repeatable", EnvVars: []string{"SANDGATE_UPSTREAM_CA"}},
 				&cli.StringFlag{Name: "intercept-ca", Usage: "the interception CA, kept in `DIR` (ca.pem, which clients must trust, and ca-key.pem, 0600; made if absent): needed when the policy's \"intercept\" names hosts", EnvVars: []string{"SANDGATE_INTERCEPT_CA"}},
 				&cli.StringFlag{Name: "audit-log", Value: "-", Usage: "write audit events as JSON lines to `FILE` (- for standard output)", EnvVars: []string{"SANDGATE_AUDIT_LOG"}},
+				&cli.StringFlag{Name: "audit-store", Usage: "also keep the audit in the store at `LOCATION` (a directory, file:///dir or gs://bucket/prefix), as serve does", EnvVars: []string{"SANDGATE_AUDIT_STORE"}},
+				&cli.DurationFlag{Name: "audit-flush", Value: 10 * time.Second, Usage: "with --audit-store, write new events every `DURATION`", EnvVars: []string{"SANDGATE_AUDIT_FLUSH"}},
 				&cli.StringFlag{Name: "metrics-listen", Usage: "serve Prometheus /metrics on `ADDR` (off when empty)", EnvVars: []string{"SANDGATE_METRICS_LISTEN"}},
 				&cli.StringFlag{Name: "sandbox-id", Value: "standalone", Usage: "the sandbox `ID` this proxy's connections are served and audited as"},
 				&cli.DurationFlag{Name: "shutdown-grace", Value: 10 * time.Second, Usage: "on SIGTERM/SIGINT, let requests and tunnels in progress finish for up to `DURATION` before cutting them", EnvVars: []string{"SANDGATE_SHUTDOWN_GRACE"}},
@@ -94,7 +100,30 @@ func runProxy(c *cli.Context) error {
 	case len(eg.policy.Intercept) > 0:
 		return badInput(`the policy's "intercept" names hosts, and the proxy has no CA to intercept them with: give --intercept-ca DIR (made if absent; its ca.pem is what clients must trust)`)
 	}
-	pp, err := buildProxy(c, logger, eg, auditOut, nil, false, ica)
+	var journals *audit.Journals
+	if loc := c.String("audit-store"); loc != "" {
+		if c.Duration("audit-flush") <= 0 {
+			return badInput("--audit-flush: want a positive duration such as 10s")
+		}
+		st, err := store.Open(c.Context, loc)
+		if err != nil {
+			return badInput("--audit-store: %v", err)
+		}
+		defer st.Close()
+		if journals, err = audit.NewJournals(audit.JournalsConfig{Writer: appliance.NewAuditStore(st), Log: audit.NewJSONLines(auditOut),
+			FlushEvery: c.Duration("audit-flush"), Logger: logger}); err != nil {
+			return err
+		}
+		journals.Open(c.String("sandbox-id"))
+		defer func() {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			if err := journals.Close(ctx); err != nil {
+				logger.Warn("the audit could not all be written to the store (it is in the audit log)", "err", err)
+			}
+		}()
+	}
+	pp, err := buildProxy(c, logger, eg, auditOut, journals, false, ica)
 	if err != nil {
 		return err
 	}
@@ -144,7 +173,6 @@ func runProxy(c *cli.Context) error {
 type proxyParts struct {
 	proxy   *relay.Proxy
 	reg     *prometheus.Registry
-	rings   *audit.Rings // nil unless asked for
 	runtime *wasm.Runtime
 	modules *wasm.Chain // the service-wide modules (--transform-module)
 	closers []func()
@@ -160,14 +188,14 @@ func (pp *proxyParts) Close() {
 	}
 }
 
-// buildProxy builds the egress proxy of `proxy` and `serve` from their
-// shared flags (--upstream-ca, --transform-module and the --wasm-* ones):
-// audit events as JSON lines to auditOut and counted in a Prometheus
-// registry, and, with rings, kept per sandbox for the API. withRuntime
-// makes a WebAssembly runtime even without service-wide modules (serve
-// loads sandboxes' own).
-func buildProxy(c *cli.Context, logger *slog.Logger, eg *egress, auditOut io.Writer, rings *audit.Rings, withRuntime bool, ica *ca.Authority) (_ *proxyParts, err error) {
-	pp := &proxyParts{rings: rings}
+// buildProxy builds the standalone egress proxy from its flags
+// (--upstream-ca, --transform-module and the --wasm-* ones): audit events
+// as JSON lines to auditOut, or through journals (which write them there
+// too) when given, and counted in a Prometheus registry. withRuntime
+// makes a WebAssembly runtime even without service-wide modules. ica, when
+// set, is the interception CA.
+func buildProxy(c *cli.Context, logger *slog.Logger, eg *egress, auditOut io.Writer, journals *audit.Journals, withRuntime bool, ica *ca.Authority) (_ *proxyParts, err error) {
+	pp := &proxyParts{}
 	defer func() {
 		if err != nil {
 			pp.Close()
@@ -185,8 +213,8 @@ func buildProxy(c *cli.Context, logger *slog.Logger, eg *egress, auditOut io.Wri
 	pp.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics := audit.NewMetrics(pp.reg)
 	sinks := audit.Multi{audit.NewJSONLines(auditOut), metrics}
-	if rings != nil {
-		sinks = append(sinks, rings)
+	if journals != nil {
+		sinks = audit.Multi{journals, metrics}
 	}
 	pp.proxy, err = relay.New(relay.Config{
 		Decider:       eg.decider,

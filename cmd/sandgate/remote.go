@@ -13,6 +13,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/urfave/cli/v2"
 	"golang.org/x/term"
@@ -36,12 +38,25 @@ func remoteFlags() []cli.Flag {
 	}
 }
 
-// remoteCommand builds a client verb: its flags after the service's.
+// remoteCommand builds a client verb: its flags after the service's; its
+// errors say what to do in this CLI's words.
 func remoteCommand(cmd *cli.Command) *cli.Command {
 	cmd.Flags = append(cmd.Flags, remoteFlags()...)
 	cmd.OnUsageError = usageError
 	cmd.Category = "client verbs (a sandgate service at --url)"
+	if action := cmd.Action; action != nil {
+		cmd.Action = func(c *cli.Context) error { return cliHint(action(c)) }
+	}
 	return cmd
+}
+
+// cliHint adds to an error of the client what to give this CLI: the
+// client's own messages name what is missing, not which flag gives it.
+func cliHint(err error) error {
+	if err == nil || !errors.Is(err, client.ErrAuthentication) {
+		return err
+	}
+	return fmt.Errorf("%w (sandgate: the service token with --token or SANDBOX_SERVICE_TOKEN; an identity token for Cloud Run's IAM with --auth gcloud, or --auth metadata on Google Cloud)", err)
 }
 
 // newRemote makes the client of --url.
@@ -96,21 +111,54 @@ or suspended, is refused: create never resumes.`,
 			Name:      "resume",
 			Usage:     "resume a suspended sandbox (its network becomes the one given)",
 			ArgsUsage: "NAME",
-			Flags:     slices.Clone(network),
-			Action:    runResume,
+			Description: `A running sandbox keeps running and gets the network given; a suspended one
+is started from its snapshot with it (its request transformations are
+gone: set them again). On a terminal, a progress bar shows the snapshot's
+fetch.`,
+			Flags: append(slices.Clone(network),
+				&cli.StringFlag{Name: "policy", Usage: "network policy JSON `FILE` (allow-all, deny-all, or custom with hosts and CIDRs) instead of --allow"},
+			),
+			Action: runResume,
 		}),
 		remoteCommand(&cli.Command{
 			Name:      "suspend",
+			Aliases:   []string{"stop"},
 			Usage:     "save sandboxes' files and stop them: nothing runs until resume",
 			ArgsUsage: "NAME...",
-			Action:    func(c *cli.Context) error { return eachName(c, "suspend", (*client.Client).Suspend) },
+			Description: `A name that is neither running nor suspended fails (exit 1), as docker stop
+does, unless --force; one already suspended is done. On a terminal, a
+progress bar shows each save.`,
+			Flags:  []cli.Flag{forceFlag()},
+			Action: runSuspend,
 		}),
 		remoteCommand(&cli.Command{
 			Name:      "destroy",
 			Aliases:   []string{"rm"},
 			Usage:     "remove sandboxes, running or suspended, and their snapshots",
 			ArgsUsage: "NAME...",
-			Action:    func(c *cli.Context) error { return eachName(c, "destroy", (*client.Client).Destroy) },
+			Description: `A name that is neither running nor suspended fails (exit 1), as docker rm
+does, unless --force.`,
+			Flags:  []cli.Flag{forceFlag()},
+			Action: runDestroy,
+		}),
+		remoteCommand(&cli.Command{
+			Name:      "inspect",
+			Usage:     "print everything the service knows of a sandbox, as JSON",
+			ArgsUsage: "NAME",
+			Description: `Prints the sandbox as the service describes it (GET /v1/sandboxes/NAME):
+name, state, created, lastActive, layerBytes, template, ports, policy,
+baseUrls, modules, home, workingDirectory. Never a credential.`,
+			Action: runInspect,
+		}),
+		remoteCommand(&cli.Command{
+			Name:      "fork",
+			Usage:     "copy a sandbox under a new name",
+			ArgsUsage: "SRC DST",
+			Description: `A running SRC is copied as its files are now and the copy DST runs, with
+SRC's network but none of its request transformations (credentials stay
+with SRC). A suspended SRC's snapshot is copied and DST is suspended, to be
+resumed. Prints DST and its state.`,
+			Action: runFork,
 		}),
 		remoteCommand(&cli.Command{
 			Name:    "list",
@@ -125,11 +173,19 @@ or suspended, is refused: create never resumes.`,
 			ArgsUsage: "NAME [flags] -- CMD [ARG...]",
 			Description: `CMD and its arguments are quoted for /bin/sh, as docker exec passes argv:
 for a pipeline, write sh -c '...'. Standard input is passed through when it
-is not a terminal, or with --stdin; the command's end closes it.`,
+is not a terminal, or with -i; the command's end closes it.
+
+With -t the command runs on a terminal of its own in the sandbox (a PTY),
+as docker exec -t: its output and errors are the terminal's, TERM is this
+terminal's, and the terminal follows this window's size. With -i too
+(-it), what is typed here goes to it, this terminal in raw mode (Ctrl-C
+reaches the command, not sandgate): sandgate exec -it box -- bash.`,
+			UseShortOptionHandling: true,
 			Flags: []cli.Flag{
 				&cli.GenericFlag{Name: "env", Aliases: []string{"e"}, Value: &repeated{}, Usage: "`K=V` for the command (repeatable)"},
 				&cli.StringFlag{Name: "workdir", Aliases: []string{"w"}, Usage: "working `DIR` (default the sandbox's)"},
-				&cli.BoolFlag{Name: "stdin", Aliases: []string{"i"}, Usage: "pass standard input even from a terminal"},
+				&cli.BoolFlag{Name: "interactive", Aliases: []string{"i", "stdin"}, Usage: "pass standard input even from a terminal"},
+				&cli.BoolFlag{Name: "tty", Aliases: []string{"t"}, Usage: "run the command on a terminal (a PTY in the sandbox)"},
 			},
 			Action: runExec,
 		}),
@@ -159,11 +215,27 @@ here; LOCAL 0 picks a free one. Runs until interrupted.`,
 		}),
 		remoteCommand(&cli.Command{
 			Name:      "audit",
-			Usage:     "print a sandbox's egress decisions as JSON lines",
+			Usage:     "print a sandbox's egress decisions, running or suspended: what it reached, what it was refused, and which command",
 			ArgsUsage: "NAME",
-			Flags:     []cli.Flag{&cli.BoolFlag{Name: "follow", Aliases: []string{"f"}, Usage: "then print new ones as they happen, until interrupted"}},
-			Action:    runAudit,
+			Description: `One line per CONNECT tunnel, routed request or refused request, oldest
+first: time, decision, kind, destination, status, the command in the
+sandbox that made it, and for a denial why. The service keeps them with
+the sandbox (they survive suspend, resume and restarts, and go when it is
+destroyed). --json prints each event as the service keeps it, the line of
+its audit log. TIME is an RFC 3339 time, a date (2025-06-01, local time),
+or a duration back from now (24h).`,
+			Flags: []cli.Flag{
+				&cli.StringFlag{Name: "since", Usage: "only events at or after `TIME`"},
+				&cli.StringFlag{Name: "until", Usage: "only events before `TIME`"},
+				&cli.StringFlag{Name: "decision", Usage: "only `allow` or only deny"},
+				&cli.StringFlag{Name: "host", Usage: "only events of `HOST` (*.example.com: its subdomains)"},
+				&cli.BoolFlag{Name: "json", Usage: "print the events as JSON lines, as the service keeps them"},
+				&cli.BoolFlag{Name: "follow", Aliases: []string{"f"}, Usage: "then print new ones as they happen, across suspends (waiting for a suspended sandbox to resume), until interrupted"},
+			},
+			Action: runAudit,
 		}),
+		transformationsCommand(),
+		modulesCommand(),
 		{
 			Name:     "template",
 			Usage:    "the service's templates",
@@ -177,10 +249,21 @@ here; LOCAL 0 picks a free one. Runs until interrupted.`,
 					Action:  runTemplateLs,
 				}),
 				remoteCommand(&cli.Command{
-					Name:      "rm",
-					Usage:     "delete templates (sandboxes made from them keep what they need)",
-					ArgsUsage: "ID...",
-					Action:    runTemplateRm,
+					Name:      "save",
+					Usage:     "save a running sandbox's files as a template",
+					ArgsUsage: "NAME ID",
+					Description: `Saves sandbox NAME's files, as they are now, as template ID of the service's
+namespace (replacing one of that ID); NAME keeps running. 'sandgate create
+--template ID' starts from it. On a terminal, a progress bar shows the save.`,
+					Action: runTemplateSave,
+				}),
+				remoteCommand(&cli.Command{
+					Name:        "rm",
+					Usage:       "delete templates (sandboxes made from them keep what they need)",
+					ArgsUsage:   "ID...",
+					Description: `A template that does not exist fails (exit 1) unless --force.`,
+					Flags:       []cli.Flag{forceFlag()},
+					Action:      runTemplateRm,
 				}),
 			},
 		},
@@ -195,6 +278,12 @@ credentials were given: a local service).`,
 			Action: runPreflight,
 		}),
 	}
+}
+
+// forceFlag is -f/--force of the verbs that remove: a missing name is no
+// failure.
+func forceFlag() cli.Flag {
+	return &cli.BoolFlag{Name: "force", Aliases: []string{"f"}, Usage: "a name that does not exist is no failure"}
 }
 
 // policySetCommand is `policy set`, beside the local `policy check`.
@@ -303,11 +392,23 @@ func runResume(c *cli.Context) error {
 	if opts.BaseURLs, err = splitPairs("base-url", values(c, "base-url")); err != nil {
 		return err
 	}
+	if f := c.String("policy"); f != "" {
+		if len(opts.AllowedHosts) > 0 {
+			return badInput("resume: give --allow or --policy, not both (a policy lists its hosts in its own allowedHosts)")
+		}
+		p, err := readPolicyFile(f)
+		if err != nil {
+			return err
+		}
+		opts.NetworkPolicy = &p
+	}
 	cl, err := newRemote(c)
 	if err != nil {
 		return err
 	}
-	s, err := cl.Resume(c.Context, name, opts)
+	bar := newServiceBar(c, "resume "+name)
+	s, err := cl.Resume(bar.context(c.Context), name, opts)
+	bar.finish()
 	if err != nil {
 		return err
 	}
@@ -315,15 +416,20 @@ func runResume(c *cli.Context) error {
 	return nil
 }
 
+// errMissing is a name a removing verb was given that does not exist:
+// a failure unless --force.
+var errMissing = errors.New("missing")
+
 // eachName applies a verb to every NAME, printing each done, and fails
-// (after trying all) if any failed.
-func eachName(c *cli.Context, verb string, do func(*client.Client, context.Context, string) error) error {
+// (after trying all) if any failed. A name do reports errMissing fails
+// with what, unless --force.
+func eachName(c *cli.Context, verb, thing, args string, do func(cl *client.Client, name string) error) error {
 	names, err := interspersed(c)
 	if err != nil {
 		return err
 	}
 	if len(names) == 0 {
-		return badInput("%s takes one or more sandbox NAMEs", verb)
+		return badInput("%s takes one or more %s", verb, args)
 	}
 	cl, err := newRemote(c)
 	if err != nil {
@@ -331,7 +437,14 @@ func eachName(c *cli.Context, verb string, do func(*client.Client, context.Conte
 	}
 	failed := 0
 	for _, n := range names {
-		if err := do(cl, c.Context, n); err != nil {
+		err := cliHint(do(cl, n))
+		if errors.Is(err, errMissing) {
+			if c.Bool("force") {
+				continue
+			}
+			err = fmt.Errorf("no such %s (--force ignores a missing one)", thing)
+		}
+		if err != nil {
 			fmt.Fprintf(c.App.ErrWriter, "sandgate: %s %s: %v\n", verb, n, err)
 			failed++
 			continue
@@ -341,6 +454,76 @@ func eachName(c *cli.Context, verb string, do func(*client.Client, context.Conte
 	if failed > 0 {
 		return &exitError{code: exitFailure}
 	}
+	return nil
+}
+
+// exists says whether sandbox name is there, running or suspended, and
+// in which state.
+func exists(ctx context.Context, cl *client.Client, name string) (string, error) {
+	in, err := cl.Info(ctx, name)
+	if errors.Is(err, client.ErrSandboxNotFound) {
+		return "", errMissing
+	}
+	return in.State, err
+}
+
+func runSuspend(c *cli.Context) error {
+	return eachName(c, "suspend", "sandbox", "sandbox NAMEs", func(cl *client.Client, name string) error {
+		state, err := exists(c.Context, cl, name)
+		if err != nil || state == "suspended" {
+			return err
+		}
+		bar := newServiceBar(c, "suspend "+name)
+		err = cl.Suspend(bar.context(c.Context), name)
+		bar.finish()
+		return err
+	})
+}
+
+func runDestroy(c *cli.Context) error {
+	return eachName(c, "destroy", "sandbox", "sandbox NAMEs", func(cl *client.Client, name string) error {
+		if _, err := exists(c.Context, cl, name); err != nil {
+			return err
+		}
+		return cl.Destroy(c.Context, name)
+	})
+}
+
+func runInspect(c *cli.Context) error {
+	name, err := oneName(c, "inspect")
+	if err != nil {
+		return err
+	}
+	cl, err := newRemote(c)
+	if err != nil {
+		return err
+	}
+	in, err := cl.Info(c.Context, name)
+	if err != nil {
+		return err
+	}
+	enc := json.NewEncoder(c.App.Writer)
+	enc.SetIndent("", "  ")
+	return enc.Encode(in)
+}
+
+func runFork(c *cli.Context) error {
+	args, err := interspersed(c)
+	if err != nil {
+		return err
+	}
+	if len(args) != 2 {
+		return badInput("fork takes SRC and DST, two sandbox names")
+	}
+	cl, err := newRemote(c)
+	if err != nil {
+		return err
+	}
+	state, err := cl.Fork(c.Context, args[0], args[1])
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(c.App.Writer, "%s\t%s\n", args[1], state)
 	return nil
 }
 
@@ -419,9 +602,12 @@ func runExec(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
+	if c.Bool("tty") {
+		return execTTY(c, s, strings.Join(quoted, " "), env)
+	}
 	cmd := client.Command{Command: strings.Join(quoted, " "), WorkingDirectory: c.String("workdir"), Env: env,
 		Stdout: c.App.Writer, Stderr: c.App.ErrWriter}
-	if c.Bool("stdin") || !isTerminal(c.App.Reader) {
+	if c.Bool("interactive") || !isTerminal(c.App.Reader) {
 		cmd.Stdin = c.App.Reader
 	}
 	p, err := s.Spawn(c.Context, cmd)
@@ -458,23 +644,41 @@ func runTemplateLs(c *cli.Context) error {
 }
 
 func runTemplateRm(c *cli.Context) error {
-	ids, err := interspersed(c)
+	return eachName(c, "template rm", "template", "template IDs", func(cl *client.Client, id string) error {
+		ok, err := cl.TemplateExists(c.Context, id)
+		switch {
+		case err != nil:
+			return err
+		case !ok:
+			return errMissing
+		}
+		return cl.DeleteTemplate(c.Context, id)
+	})
+}
+
+func runTemplateSave(c *cli.Context) error {
+	args, err := interspersed(c)
 	if err != nil {
 		return err
 	}
-	if len(ids) == 0 {
-		return badInput("template rm takes one or more template IDs")
+	if len(args) != 2 {
+		return badInput("template save takes a sandbox NAME and a template ID")
 	}
 	cl, err := newRemote(c)
 	if err != nil {
 		return err
 	}
-	for _, id := range ids {
-		if err := cl.DeleteTemplate(c.Context, id); err != nil {
-			return err
-		}
-		fmt.Fprintln(c.App.Writer, id)
+	s, err := cl.Attach(c.Context, args[0])
+	if err != nil {
+		return err
 	}
+	bar := newServiceBar(c, "template save "+args[1])
+	err = s.SaveTemplate(bar.context(c.Context), args[1])
+	bar.finish()
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(c.App.Writer, args[1])
 	return nil
 }
 
@@ -523,41 +727,105 @@ func runAudit(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
+	q := client.AuditQuery{Decision: c.String("decision"), Host: c.String("host")}
+	now := time.Now()
+	if q.Since, err = parseWhen(c.String("since"), now); err != nil {
+		return badInput("--since: %v", err)
+	}
+	if q.Until, err = parseWhen(c.String("until"), now); err != nil {
+		return badInput("--until: %v", err)
+	}
+	if d := q.Decision; d != "" && d != "allow" && d != "deny" {
+		return badInput("--decision %q: want allow or deny", d)
+	}
 	cl, err := newRemote(c)
 	if err != nil {
 		return err
 	}
-	enc := json.NewEncoder(c.App.Writer)
-	if !c.Bool("follow") {
-		s, err := cl.Attach(c.Context, name)
-		if err != nil && !errors.Is(err, client.ErrSandboxNotRunning) {
+	show := func(e client.AuditEvent) error {
+		if c.Bool("json") {
+			_, err := c.App.Writer.Write(append(e.JSON(), '\n'))
 			return err
 		}
-		if s == nil { // suspended: its events are gone with its run
-			return nil
-		}
-		events, err := s.Audit(c.Context)
-		if err != nil {
-			return err
-		}
-		for _, e := range events {
-			enc.Encode(e)
-		}
-		return nil
-	}
-	s, err := cl.Attach(c.Context, name)
-	if err != nil {
+		_, err := io.WriteString(c.App.Writer, auditText(e))
 		return err
 	}
-	for e, err := range s.FollowAudit(c.Context) {
+	events := cl.AuditAll(c.Context, name, q)
+	if c.Bool("follow") {
+		if in, err := cl.Info(c.Context, name); err == nil && in.State == "suspended" {
+			fmt.Fprintf(c.App.ErrWriter, "sandgate: %s is suspended: its events so far, then waiting for it to resume (interrupt to stop)\n", name)
+		}
+		events = cl.FollowAudit(c.Context, name, q)
+	}
+	for e, err := range events {
 		if err != nil {
 			return err
 		}
-		if err := enc.Encode(e); err != nil {
+		if err := show(e); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// parseWhen reads a --since or --until TIME: an RFC 3339 time, a date or
+// a date and time without a zone (local time), or a duration back from
+// now; "" is no bound.
+func parseWhen(s string, now time.Time) (time.Time, error) {
+	if s == "" {
+		return time.Time{}, nil
+	}
+	if d, err := time.ParseDuration(s); err == nil && d >= 0 {
+		return now.Add(-d), nil
+	}
+	if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
+		return t, nil
+	}
+	for _, layout := range []string{"2006-01-02", "2006-01-02T15:04", "2006-01-02 15:04", "2006-01-02T15:04:05", "2006-01-02 15:04:05"} {
+		if t, err := time.ParseInLocation(layout, s, time.Local); err == nil {
+			return t, nil
+		}
+	}
+	return time.Time{}, fmt.Errorf("%q: want an RFC 3339 time (2025-06-01T09:00:00Z), a date (2025-06-01), or a duration back from now (24h)", s)
+}
+
+// auditText is an event as one line for a person: local time, decision,
+// kind, destination, status, the command that made it, and a denial's
+// reason. What the sandbox wrote (its command line, a path) is shown
+// without control characters.
+func auditText(e client.AuditEvent) string {
+	dest := e.Host
+	if e.Port != 0 && e.Port != 443 {
+		dest += ":" + strconv.Itoa(e.Port)
+	}
+	if e.Method != "" && e.Kind != "connect" {
+		dest = e.Method + " " + dest + e.Path
+	}
+	if dest == "" {
+		dest = "-"
+	}
+	status := "-"
+	if e.Status != 0 {
+		status = strconv.Itoa(e.Status)
+	}
+	line := fmt.Sprintf("%s  %-5s  %-7s  %s  %s  %s", e.Time.Local().Format("2006-01-02 15:04:05"), e.Decision, e.Kind, printable(dest), status, printable(e.Cmd))
+	if !e.Allow() {
+		line += "  (" + e.Code + ": " + printable(e.Reason) + ")"
+	} else if e.Error != "" {
+		line += "  (" + e.Code + ": " + printable(e.Error) + ")"
+	}
+	return line + "\n"
+}
+
+// printable replaces control characters, so a hostile string cannot move
+// a terminal's cursor or recolour it.
+func printable(s string) string {
+	return strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) || unicode.In(r, unicode.Bidi_Control) || r == utf8.RuneError {
+			return '?'
+		}
+		return r
+	}, s)
 }
 
 func runPreflight(c *cli.Context) error {

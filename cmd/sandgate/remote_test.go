@@ -18,15 +18,19 @@ import (
 	"time"
 
 	"github.com/sandgate/sandgate/api/client"
+	"github.com/sandgate/sandgate/internal/testkit/gobuild"
 	"github.com/sandgate/sandgate/internal/testkit/servetest"
+	"github.com/sandgate/sandgate/transforms/wasm"
 )
 
-// One service for the client verbs' tests, started by the first that
-// needs it and stopped by TestMain.
+// One service for the client verbs' tests (with a module runtime, for
+// the modules verbs), started by the first that needs it and stopped by
+// TestMain.
 var (
-	remoteOnce sync.Once
-	remoteSvc  *servetest.Service
-	remoteErr  error
+	remoteOnce    sync.Once
+	remoteSvc     *servetest.Service
+	remoteModules *wasm.Runtime
+	remoteErr     error
 )
 
 func remoteService(t *testing.T) *servetest.Service {
@@ -34,7 +38,12 @@ func remoteService(t *testing.T) *servetest.Service {
 	if ok, why := servetest.CanRun(); !ok {
 		t.Skip(why)
 	}
-	remoteOnce.Do(func() { remoteSvc, remoteErr = servetest.Start(servetest.Config{}) })
+	remoteOnce.Do(func() {
+		remoteModules, remoteErr = wasm.NewRuntime(context.Background(), wasm.Config{CacheDir: gobuild.WasmCache(t)})
+		if remoteErr == nil {
+			remoteSvc, remoteErr = servetest.Start(servetest.Config{Modules: remoteModules})
+		}
+	})
 	if remoteErr != nil {
 		t.Fatal(remoteErr)
 	}
@@ -44,6 +53,9 @@ func remoteService(t *testing.T) *servetest.Service {
 func closeRemoteService() {
 	if remoteSvc != nil {
 		remoteSvc.Close()
+	}
+	if remoteModules != nil {
+		remoteModules.Close(context.Background())
 	}
 }
 
@@ -162,7 +174,7 @@ func TestRemoteVerbs(t *testing.T) {
 	}
 
 	// audit: the kept events, and followed ones.
-	if out := must(t, "audit", name); !strings.Contains(out, `"host":"api.example.com"`) {
+	if out := must(t, "audit", name, "--json"); !strings.Contains(out, `"host":"api.example.com"`) {
 		t.Errorf("audit: %q", out)
 	}
 	fctx, stop := context.WithCancel(ctx)
@@ -171,7 +183,7 @@ func TestRemoteVerbs(t *testing.T) {
 	go func() {
 		app := newApp(pw, io.Discard)
 		s := remoteService(t)
-		followed <- execute(fctx, app, []string{"sandgate", "audit", "-f", name, "--url", s.URL, "--token", s.Token})
+		followed <- execute(fctx, app, []string{"sandgate", "audit", "-f", "--json", name, "--url", s.URL, "--token", s.Token})
 		pw.Close()
 	}()
 	sc := bufio.NewScanner(pr)

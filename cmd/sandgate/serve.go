@@ -16,6 +16,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/sandgate/sandgate/api/bridge"
 	"github.com/sandgate/sandgate/api/server"
 	"github.com/sandgate/sandgate/api/service"
 	"github.com/sandgate/sandgate/appliance"
@@ -68,17 +69,23 @@ Run (IAM in front) or with --allow-open.`,
 			&cli.StringFlag{Name: "allow-private-network", Usage: "`true` makes private addresses reachable (tests; refused on Cloud Run)", EnvVars: []string{"SANDBOX_ALLOW_PRIVATE_NETWORK"}},
 			&cli.StringFlag{Name: "allow-egress", Usage: "refused: sandgate never gives a sandbox a network of its own (`true` would)", EnvVars: []string{"SANDBOX_ALLOW_EGRESS"}},
 			&cli.DurationFlag{Name: "idle-suspend", Value: appliance.DefaultIdleSuspend, Usage: "suspend a sandbox idle (no call, port connection or egress) for `DURATION`; 0 never", EnvVars: []string{"SANDGATE_IDLE_SUSPEND"}},
-			&cli.IntFlag{Name: "max-sandboxes", Usage: "run at most `N` sandboxes at once (default: host memory over --sandbox-memory)", EnvVars: []string{"SANDGATE_MAX_SANDBOXES"}},
+			&cli.IntFlag{Name: "max-sandboxes", Usage: "run at most `N` sandboxes at once", DefaultText: "host memory over --sandbox-memory", EnvVars: []string{"SANDGATE_MAX_SANDBOXES"}},
 			&cli.StringFlag{Name: "sandbox-memory", Value: appliance.DefaultMemoryLimit, Usage: "memory limit of each sandbox, `SIZE` (sandgate sandbox)", EnvVars: []string{"SANDGATE_SANDBOX_MEMORY"}},
 			&cli.IntFlag{Name: "sandbox-pids", Value: appliance.DefaultPidsLimit, Usage: "process limit of each sandbox, `N` (sandgate sandbox)", EnvVars: []string{"SANDGATE_SANDBOX_PIDS"}},
 			&cli.StringFlag{Name: "output-buffer", Value: "8m", Usage: "output of each process kept for resumable streams, `SIZE`", EnvVars: []string{"SANDGATE_OUTPUT_BUFFER"}},
 			&cli.DurationFlag{Name: "shutdown-grace", Value: 9 * time.Second, Usage: "on SIGTERM/SIGINT, save every running sandbox within `DURATION` (Cloud Run gives 10s)", EnvVars: []string{"SANDGATE_SHUTDOWN_GRACE"}},
 			&cli.StringFlag{Name: "audit-log", Value: "-", Usage: "write egress audit events as JSON lines to `FILE` (- for standard output)", EnvVars: []string{"SANDGATE_AUDIT_LOG"}},
+			&cli.DurationFlag{Name: "audit-flush", Value: 10 * time.Second, Usage: "write a running sandbox's new audit events to the store every `DURATION` (what a crash can lose of them)", EnvVars: []string{"SANDGATE_AUDIT_FLUSH"}},
+			&cli.DurationFlag{Name: "audit-retention", Value: appliance.DefaultAuditRetention, Usage: "keep a sandbox's audit in the store for `DURATION` (a destroy removes it at once); 0 forever", EnvVars: []string{"SANDGATE_AUDIT_RETENTION"}},
 			&cli.StringSliceFlag{Name: "upstream-ca", Usage: "also trust the PEM certificates in `FILE` for upstreams (tests, private CAs); repeatable", EnvVars: []string{"SANDGATE_UPSTREAM_CA"}},
 			&cli.StringFlag{Name: "intercept-ca", Usage: "the interception CA (hosts a policy's \"intercept\" names): `DIR` to keep it in (ca.pem, ca-key.pem 0600; made if absent), off for none (default: made at start, in memory only)", EnvVars: []string{"SANDGATE_INTERCEPT_CA"}},
 			&cli.BoolFlag{Name: "capture", Value: true, Usage: "capture, in each sandbox, the connections of processes that ignore the proxy variables, and judge them as CONNECT (sandgate sandbox, as root; --capture=false: their lookups fail at once, audited)", EnvVars: []string{"SANDGATE_CAPTURE"}},
+			&cli.StringFlag{Name: "bridge-key", Usage: "the `KEY` the Cloudflare sandbox bridge's routes (/v1/sandbox, /v1/pool) need as Authorization: Bearer; unset, they refuse every request", EnvVars: []string{"SANDBOX_API_KEY"}},
+			&cli.StringFlag{Name: "bridge-allowed-hosts", Usage: "`HOSTS` the sandboxes the bridge starts may reach, beside --allowed-hosts (comma-separated)", EnvVars: []string{"SANDGATE_BRIDGE_ALLOWED_HOSTS"}},
+			&cli.StringFlag{Name: "bridge-base-urls", Usage: "`NAME=URL,...` base URL variables the sandboxes the bridge starts get, over --base-urls", EnvVars: []string{"SANDGATE_BRIDGE_BASE_URLS"}},
+			&cli.StringFlag{Name: "bridge-max-body", Value: "1g", Usage: "largest file write or hydrate tar the bridge takes, `SIZE`", EnvVars: []string{"SANDGATE_BRIDGE_MAX_BODY"}},
 			&cli.GenericFlag{Name: "transform-module", Value: &moduleSpecs{}, Usage: "apply the WebAssembly module in `FILE[?CONFIG]` to every sandbox's base-URL routes, before its own modules and the credential swap; repeatable"},
-		}, dnsFlags(), wasmRuntimeFlags()),
+		}, shardFlags(), dnsFlags(), wasmRuntimeFlags()),
 		OnUsageError: usageError,
 		Action:       runServe,
 	}
@@ -102,12 +109,37 @@ type serveConfig struct {
 	allowPrivate []netip.Prefix
 	outputBytes  int64
 	memory       string
+	// The Cloudflare bridge's sandboxes' network, and its size limit.
+	bridgeHosts    []string
+	bridgeBaseURLs map[string]string
+	bridgeMaxBody  int64
+}
+
+// parseBaseURLs reads NAME=URL,... of variable name; empty is none.
+func parseBaseURLs(name, value string) (map[string]string, error) {
+	out := map[string]string{}
+	for _, e := range strings.Split(value, ",") {
+		if e = strings.TrimSpace(e); e == "" {
+			continue
+		}
+		k, v, ok := strings.Cut(e, "=")
+		if !ok || strings.TrimSpace(k) == "" {
+			return nil, badInput("%s entry %q: want NAME=URL", name, e)
+		}
+		k, v = strings.TrimSpace(k), strings.TrimSpace(v)
+		if err := agent.CheckBaseURL(k, v); err != nil {
+			return nil, badInput("%s entry %s: %v", name, k, err)
+		}
+		out[k] = v
+	}
+	return out, nil
 }
 
 // checkServe reads and checks serve's settings; a bad one is the
 // caller's mistake, named by its variable.
 func checkServe(c *cli.Context) (*serveConfig, error) {
 	sc := &serveConfig{cloudRun: os.Getenv("K_SERVICE") != ""}
+	var err error
 	if c.Int("port") < 0 || c.Int("port") > 65535 {
 		return nil, badInput("PORT (--port) %d: want 0 to 65535", c.Int("port"))
 	}
@@ -150,21 +182,26 @@ func checkServe(c *cli.Context) (*serveConfig, error) {
 	}
 	sc.baseURLs = agent.DefaultBaseURLs()
 	if c.IsSet("base-urls") {
-		sc.baseURLs = map[string]string{}
-		for _, e := range strings.Split(c.String("base-urls"), ",") {
-			if e = strings.TrimSpace(e); e == "" {
-				continue
-			}
-			k, v, ok := strings.Cut(e, "=")
-			if !ok || strings.TrimSpace(k) == "" {
-				return nil, badInput("SANDBOX_BASE_URLS entry %q: want NAME=URL", e)
-			}
-			k, v = strings.TrimSpace(k), strings.TrimSpace(v)
-			if err := agent.CheckBaseURL(k, v); err != nil {
-				return nil, badInput("SANDBOX_BASE_URLS entry %s: %v", k, err)
-			}
-			sc.baseURLs[k] = v
+		if sc.baseURLs, err = parseBaseURLs("SANDBOX_BASE_URLS", c.String("base-urls")); err != nil {
+			return nil, err
 		}
+	}
+	sc.bridgeHosts = splitAll([]string{c.String("bridge-allowed-hosts")})
+	for _, h := range sc.bridgeHosts {
+		if _, aerr := netip.ParseAddr(strings.Trim(h, "[]")); h != "*" && aerr != nil {
+			if _, err := netpolicy.ParseHostRule(h); err != nil {
+				return nil, badInput("SANDGATE_BRIDGE_ALLOWED_HOSTS (--bridge-allowed-hosts) %q: %v", h, err)
+			}
+		}
+	}
+	if sc.bridgeBaseURLs, err = parseBaseURLs("SANDGATE_BRIDGE_BASE_URLS", c.String("bridge-base-urls")); err != nil {
+		return nil, err
+	}
+	if sc.bridgeMaxBody, err = localbox.ParseSize(c.String("bridge-max-body")); err != nil || sc.bridgeMaxBody <= 0 {
+		return nil, badInput("SANDGATE_BRIDGE_MAX_BODY (--bridge-max-body) %q: want a size such as 1g", c.String("bridge-max-body"))
+	}
+	if k := c.String("bridge-key"); k != "" && (len(k) < bridge.MinKeyLength || strings.TrimSpace(k) != k) {
+		return nil, badInput("SANDBOX_API_KEY (--bridge-key): want %d characters or more, without white space at its ends (a random one: openssl rand -hex 32)", bridge.MinKeyLength)
 	}
 	sc.imageID = c.String("image-id")
 	if sc.imageID == "" {
@@ -187,6 +224,12 @@ func checkServe(c *cli.Context) (*serveConfig, error) {
 	case "auto", "on", "off":
 	default:
 		return nil, badInput("SANDGATE_USERNS (--userns) %q: want auto, on or off", v)
+	}
+	if c.Duration("audit-flush") <= 0 {
+		return nil, badInput("SANDGATE_AUDIT_FLUSH (--audit-flush): want a positive duration such as 10s")
+	}
+	if c.Duration("audit-retention") < 0 {
+		return nil, badInput("SANDGATE_AUDIT_RETENTION (--audit-retention): want a duration such as 720h, or 0 to keep it forever")
 	}
 	if c.Duration("shutdown-grace") <= 0 {
 		return nil, badInput("SANDGATE_SHUTDOWN_GRACE: want a positive duration such as 9s")
@@ -217,10 +260,14 @@ func runServe(c *cli.Context) error {
 	}
 	switch {
 	case loopback || c.String("token") != "":
+	case sc.cloudRun && c.String("bridge-key") != "":
+		logger.Warn("SANDBOX_API_KEY without SANDBOX_SERVICE_TOKEN on Cloud Run: bridge clients send the key in Authorization, where IAM's invoker check wants its identity token; if that check is off for them, protocol 1's routes are open: set SANDBOX_SERVICE_TOKEN too")
 	case sc.cloudRun:
 		logger.Info("no service token: relying on Cloud Run's IAM (roles/run.invoker) in front")
 	case c.Bool("allow-open"):
 		logger.Error("LISTENING BEYOND LOOPBACK WITHOUT A SERVICE TOKEN (--allow-open): anyone who reaches " + ln.Addr().String() + " runs commands in your sandboxes")
+	case c.String("bridge-key") != "":
+		return badInput("refusing to listen on %s without a service token: SANDBOX_API_KEY locks the Cloudflare bridge's routes only, and protocol 1's would be open; set SANDBOX_SERVICE_TOKEN too, listen on loopback (HOST=127.0.0.1), or pass --allow-open on a network you trust", ln.Addr())
 	default:
 		return badInput("refusing to listen on %s without a service token: set SANDBOX_SERVICE_TOKEN, listen on loopback (HOST=127.0.0.1), or pass --allow-open on a network you trust", ln.Addr())
 	}
@@ -238,6 +285,11 @@ func runServe(c *cli.Context) error {
 	if err != nil {
 		return badInput("SANDGATE_STATE_DIR (--state-dir): %v", err)
 	}
+	unlock, err := lockStateDir(state)
+	if err != nil {
+		return badInput("SANDGATE_STATE_DIR (--state-dir): %v", err)
+	}
+	defer unlock()
 	lc := appliance.LauncherConfig{
 		CLI: c.String("sandbox-cli"), StateDir: filepath.Join(state, "sandboxes"),
 		Memory: sc.memory, Pids: c.Int("sandbox-pids"), Rootfs: c.String("rootfs"),
@@ -276,24 +328,37 @@ func runServe(c *cli.Context) error {
 			return badInput("SNAPSHOT_DIRECTORY %s: %v", c.String("snapshot-dir"), err)
 		}
 		st = d
-		go removeStaleUploads(ctx, d, logger)
 	}
 	idle := c.Duration("idle-suspend")
 	if idle == 0 {
 		idle = -1
 	}
+	shard, err := shardConfig(c, sc.cloudRun, logger)
+	if err != nil {
+		return err
+	}
+	checkpoints := c.Duration("checkpoint-interval")
+	if checkpoints == 0 {
+		checkpoints = -1
+	}
 	svc, err := service.New(ctx, service.Config{
 		DNSServers: splitAll(c.StringSlice("dns")), AllowPrivate: sc.allowPrivate, UpstreamRoots: roots, InterceptCA: ica,
-		AuditLog: auditOut, Modules: rt, ServiceModules: modules, Store: st, Launcher: lc, Logger: logger,
+		AuditLog: auditOut, AuditFlush: c.Duration("audit-flush"), Modules: rt, ServiceModules: modules, Store: st, Launcher: lc, Logger: logger,
 		Manager: appliance.ManagerConfig{
-			ImageID: sc.imageID, Version: serveVersion(), WorkDir: filepath.Join(state, "work"),
+			ImageID: sc.imageID, Version: serveVersion(), WorkDir: filepath.Join(state, "work"), AuditRetention: auditRetention(c.Duration("audit-retention")),
 			MaxRunning: c.Int("max-sandboxes"), IdleSuspend: idle,
 			AllowedHosts: sc.allowedHosts, BaseURLs: sc.baseURLs, OutputBytes: int(sc.outputBytes),
+			Shard: shard, CheckpointInterval: checkpoints,
 		},
+		PeerAuth: peerAuth(sc.cloudRun, logger),
 		Server: server.Config{
 			Token: c.String("token"), LocalOnly: loopback && c.String("token") == "", LocalHosts: splitAll([]string{c.String("local-hostnames")}),
 			Version: serveVersion(), Home: c.String("home"), WorkDir: c.String("workdir"), Path: c.String("path"),
 			EgressPort: c.Int("egress-port"),
+		},
+		Bridge: bridge.Config{
+			Key: c.String("bridge-key"), MaxBody: sc.bridgeMaxBody,
+			Network: appliance.NetworkSpec{AllowedHosts: sc.bridgeHosts, BaseURLs: sc.bridgeBaseURLs},
 		},
 	})
 	if errors.Is(err, appliance.ErrBadInput) {
@@ -302,14 +367,31 @@ func runServe(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
+	// The store's clean-up runs only once the service stands (a start
+	// that failed closed the store under it: "openat .: file already
+	// closed"), and ends before the service stops.
+	cleaned := make(chan struct{})
+	cctx, stopCleaning := context.WithCancel(ctx)
+	if d, ok := st.(*store.Dir); ok {
+		go func() { defer close(cleaned); removeStaleUploads(cctx, d, logger) }()
+	} else {
+		close(cleaned)
+	}
+	shutdown := func(sctx context.Context) service.ShutdownResult {
+		stopCleaning()
+		<-cleaned
+		return svc.Shutdown(sctx)
+	}
 	served := make(chan error, 1)
 	go func() { served <- svc.Serve(ln) }()
+	shardID, shardURL := svc.Manager.Shard()
 	logger.Info("sandgate serving", "addr", ln.Addr().String(), "cli", svc.Launcher.String(), "store", storeName(c), "image_id", sc.imageID,
-		"template_namespace", svc.Manager.Namespace(), "cloud_run", sc.cloudRun, "token", c.String("token") != "")
+		"template_namespace", svc.Manager.Namespace(), "cloud_run", sc.cloudRun, "token", c.String("token") != "",
+		"shard", shardID, "shard_url", shardURL, "cloudflare_bridge", c.String("bridge-key") != "")
 
 	select {
 	case err := <-served:
-		svc.Shutdown(context.Background())
+		shutdown(context.Background())
 		return fmt.Errorf("serving: %w", err)
 	case <-ctx.Done():
 	}
@@ -317,7 +399,7 @@ func runServe(c *cli.Context) error {
 	logger.Info("stopping: refusing new requests and saving every running sandbox", "grace", grace.String())
 	gctx, cancel := context.WithTimeoutCause(context.Background(), grace, errors.New("shutdown grace period over"))
 	defer cancel()
-	res := svc.Shutdown(gctx)
+	res := shutdown(gctx)
 	if len(res.Failed) == 0 {
 		logger.Info(fmt.Sprintf("saved %d sandboxes", len(res.Saved)), "saved", res.Saved)
 	}
@@ -327,8 +409,20 @@ func runServe(c *cli.Context) error {
 	if res.RequestsCut {
 		logger.Warn("requests still open at the end of the grace period were cut")
 	}
+	if res.AuditLost != nil {
+		logger.Warn("audit events could not all be written to the store (they are in the audit log)", "err", res.AuditLost)
+	}
 	logger.Info("stopped")
 	return nil
+}
+
+// auditRetention is the manager's AuditRetention for the flag's value: 0
+// (forever) is negative there.
+func auditRetention(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
 }
 
 // hiddenPaths are the host paths no sandbox may see: serve's state

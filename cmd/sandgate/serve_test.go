@@ -19,6 +19,7 @@ import (
 
 	"github.com/sandgate/sandgate/api"
 	"github.com/sandgate/sandgate/internal/testkit/gcstest"
+	"github.com/sandgate/sandgate/relay/audit"
 )
 
 // serveEnv is an environment for `sandgate serve` of a test's own: its
@@ -50,6 +51,11 @@ func TestServeRefusesBadSettings(t *testing.T) {
 		{[]string{"SANDGATE_IDLE_SUSPEND=soon"}, "SANDGATE_IDLE_SUSPEND"},
 		{[]string{"SANDGATE_SANDBOX_MEMORY=lots"}, "SANDGATE_SANDBOX_MEMORY"},
 		{[]string{"SANDBOX_ALLOWED_HOSTS=bad host"}, "allowedHosts"},
+		{[]string{"SANDBOX_API_KEY=short"}, "SANDBOX_API_KEY"},
+		{[]string{"SANDBOX_API_KEY=" + strings.Repeat("k", 20), "HOST=0.0.0.0"}, "SANDBOX_API_KEY locks the Cloudflare bridge's routes only"},
+		{[]string{"SANDGATE_BRIDGE_ALLOWED_HOSTS=bad host"}, "SANDGATE_BRIDGE_ALLOWED_HOSTS"},
+		{[]string{"SANDGATE_BRIDGE_BASE_URLS=nokey"}, "SANDGATE_BRIDGE_BASE_URLS"},
+		{[]string{"SANDGATE_BRIDGE_MAX_BODY=huge"}, "SANDGATE_BRIDGE_MAX_BODY"},
 	} {
 		cmd := exec.Command(binary(t), "serve")
 		cmd.Env = serveEnv(t, tc.env...)
@@ -131,10 +137,20 @@ func TestServeSavesAllOnSIGTERM(t *testing.T) {
 		if code, out := call(t, "POST", base+"/v1/sandboxes", `{"name":"`+name+`"}`); code != 201 {
 			t.Fatalf("create %s: %d %s", name, code, out)
 		}
-		if code, out := call(t, "POST", base+"/v1/sandboxes/"+name+"/exec", `{"command":"echo saved-`+name+` > /workspace/f"}`+"\n"); code != 200 {
+		if code, out := call(t, "POST", base+"/v1/sandboxes/"+name+"/exec", `{"command":"echo saved-`+name+` > /workspace/f; curl -sS -x $HTTPS_PROXY https://refused-`+name+`.example.com/ 2>/dev/null; true"}`+"\n"); code != 200 {
 			t.Fatalf("exec: %d %s", code, out)
 		}
 	}
+	// A follow stream of one's audit, open across the SIGTERM: it ends as
+	// its sandbox is saved, it does not hold the shutdown up.
+	req, _ := http.NewRequest("GET", base+"/v1/sandboxes/one/audit?follow=1", nil)
+	req.Header.Set(api.HeaderProtocol, "1")
+	follow, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go io.Copy(io.Discard, follow.Body)
+	defer follow.Body.Close()
 	cmd.Process.Signal(syscall.SIGTERM)
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
@@ -149,6 +165,9 @@ func TestServeSavesAllOnSIGTERM(t *testing.T) {
 	if !strings.Contains(log.String(), "saved 2 sandboxes") {
 		t.Errorf("the log does not say what was saved:\n%s", log.String())
 	}
+	if strings.Contains(log.String(), "were cut") {
+		t.Errorf("the shutdown cut what it should have ended (an audit stream?):\n%s", log.String())
+	}
 	var log2 bytes.Buffer
 	base2, _ := startServe(t, env, &log2)
 	if code, out := call(t, "POST", base2+"/v1/sandboxes/two/resume", `{}`); code != 200 {
@@ -158,8 +177,76 @@ func TestServeSavesAllOnSIGTERM(t *testing.T) {
 	if code != 200 || !strings.Contains(out, "saved-two") {
 		t.Errorf("after restart: %d %q", code, out)
 	}
+	// Each sandbox's audit came through the restart: "one" is still
+	// suspended, "two" runs again.
+	for _, name := range []string{"one", "two"} {
+		if code, out := call(t, "GET", base2+"/v1/sandboxes/"+name+"/audit", ""); code != 200 || !strings.Contains(out, `"host":"refused-`+name+`.example.com"`) {
+			t.Errorf("the audit of %s after the restart: %d %s", name, code, out)
+		}
+	}
 	call(t, "DELETE", base2+"/v1/sandboxes/one", "")
 	call(t, "DELETE", base2+"/v1/sandboxes/two", "")
+}
+
+// A crash (kill -9) loses at most the audit events of the last
+// SANDGATE_AUDIT_FLUSH: those written before it are there after a
+// restart, the sandbox's own events of its run before the crash.
+func TestServeAuditSurvivesKill9(t *testing.T) {
+	t.Parallel() // a process of its own, waiting more than working
+	if os.Geteuid() != 0 {
+		t.Skip("sandboxes need root (namespaces, overlayfs, cgroups): run the tests as root")
+	}
+	env := serveEnv(t, "LOG_FORMAT=text", "SANDGATE_AUDIT_FLUSH=100ms")
+	var storeDir string
+	for _, e := range env {
+		if v, ok := strings.CutPrefix(e, "SNAPSHOT_DIRECTORY="); ok {
+			storeDir = v
+		}
+	}
+	var log bytes.Buffer
+	base, cmd := startServe(t, env, &log)
+	if code, out := call(t, "POST", base+"/v1/sandboxes", `{"name":"crash"}`); code != 201 {
+		t.Fatalf("create: %d %s", code, out)
+	}
+	if code, out := call(t, "POST", base+"/v1/sandboxes/crash/exec", `{"command":"curl -sS -x $HTTPS_PROXY https://before-the-crash.example.com/ 2>/dev/null; true"}`+"\n"); code != 200 {
+		t.Fatalf("exec: %d %s", code, out)
+	}
+	// The periodic write has the event in the store: then the crash.
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(20 * time.Millisecond) {
+		if storedAudit(t, filepath.Join(storeDir, "audit", "crash"), "before-the-crash.example.com") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no audit segment in the store a minute after the event (flush every 100ms):\n%s", log.String())
+		}
+	}
+	cmd.Process.Kill()
+	cmd.Wait()
+	var log2 bytes.Buffer
+	base2, _ := startServe(t, env, &log2)
+	code, out := call(t, "GET", base2+"/v1/sandboxes/crash/audit", "")
+	if code != 200 || !strings.Contains(out, `"host":"before-the-crash.example.com"`) {
+		t.Errorf("the audit after kill -9 and a restart: %d %s", code, out)
+	}
+	call(t, "DELETE", base2+"/v1/sandboxes/crash", "")
+}
+
+// storedAudit reports whether a segment in dir (a sandbox's audit in a
+// directory store) holds want.
+func storedAudit(t *testing.T, dir, want string) bool {
+	t.Helper()
+	segs, _ := filepath.Glob(filepath.Join(dir, "*.jsonl.zst"))
+	for _, p := range segs {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		lines, err := audit.DecodeSegment(b)
+		if err == nil && bytes.Contains(lines, []byte(want)) {
+			return true
+		}
+	}
+	return false
 }
 
 // The binary built exactly as the Dockerfile builds it starts serve with
@@ -257,5 +344,63 @@ func TestServeRemovesUnfinishedUploads(t *testing.T) {
 	}
 	if _, err := os.Stat(fresh); err != nil {
 		t.Errorf("serve removed a temporary file a put may still be writing: %v", err)
+	}
+}
+
+// A second serve on the state directory of a running one refuses to
+// start, naming the holder; the sandbox CLI's own commands keep working.
+func TestServeRefusesASecondOnItsStateDirectory(t *testing.T) {
+	t.Parallel() // processes of their own, waiting more than working
+	if os.Geteuid() != 0 {
+		t.Skip("sandboxes need root (namespaces, overlayfs, cgroups): run the tests as root")
+	}
+	env := serveEnv(t, "LOG_FORMAT=text")
+	var log bytes.Buffer
+	_, first := startServe(t, env, &log)
+	cmd := exec.Command(binary(t), "serve")
+	cmd.Env = env
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	want := fmt.Sprintf("in use by sandgate serve (pid %d)", first.Process.Pid)
+	if !(errors.As(err, &ee) && ee.ExitCode() == exitBadInput) || !strings.Contains(string(out), want) {
+		t.Errorf("a second serve on the same state directory: %v\n%s\nwant exit 2 saying %q", err, out, want)
+	}
+	ls := exec.Command(binary(t), "sandbox", "list")
+	ls.Env = env
+	if out, err := ls.CombinedOutput(); err != nil {
+		t.Errorf("sandgate sandbox list beside a serve: %v\n%s", err, out)
+	}
+}
+
+// A start that fails after the store was opened touches nothing in it and
+// says only why it failed: the clean-up of unfinished uploads ran beside
+// the start and, once the start failed and closed the store, logged
+// "openat .: file already closed".
+func TestServeFailedStartLeavesTheStore(t *testing.T) {
+	t.Parallel()
+	env := serveEnv(t, "SANDBOX_DNS=256.1.1.1")
+	var storeDir string
+	for _, e := range env {
+		if v, ok := strings.CutPrefix(e, "SNAPSHOT_DIRECTORY="); ok {
+			storeDir = v
+		}
+	}
+	stale := filepath.Join(storeDir, "snapshots", "sb-1", ".tmp-x.tar.zst-01")
+	os.MkdirAll(filepath.Dir(stale), 0o755)
+	os.WriteFile(stale, []byte("half a layer"), 0o644)
+	long := time.Now().Add(-2 * staleUploadAge)
+	os.Chtimes(stale, long, long)
+	cmd := exec.Command(binary(t), "serve")
+	cmd.Env = env
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != exitBadInput || !strings.Contains(string(out), "SANDBOX_DNS") {
+		t.Errorf("serve with a bad DNS server: %v\n%s", err, out)
+	}
+	if strings.Contains(string(out), "closed") || strings.Count(strings.TrimSpace(string(out)), "\n") > 0 {
+		t.Errorf("a failed start said more than why:\n%s", out)
+	}
+	if _, err := os.Stat(stale); err != nil {
+		t.Errorf("a start that failed cleaned the store: %v", err)
 	}
 }

@@ -523,6 +523,10 @@ func (p *progress) draw() {
 	if p.total > p.done && rate > 0 {
 		eta = time.Duration(float64(p.total-p.done) / rate * float64(time.Second)).Round(time.Second).String()
 	}
+	if p.total <= 0 { // the size is not known: no ETA either
+		fmt.Fprintf(p.w, "\r%s  %s  %s/s   ", p.verb, human(p.done), human(int64(rate)))
+		return
+	}
 	fmt.Fprintf(p.w, "\r%s  %s / %s  %s/s  ETA %s   ", p.verb, human(p.done), human(p.total), human(int64(rate)), eta)
 }
 

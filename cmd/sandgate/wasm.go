@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"net/url"
 	"os"
-	"slices"
 	"strings"
 	"time"
 
@@ -96,7 +95,7 @@ func newWasmRuntime(c *cli.Context, logger *slog.Logger, longCalls func(n int)) 
 		LongCalls:        longCalls,
 	})
 	if err != nil {
-		return nil, badInput("--wasm-cache-dir: %v", err)
+		return nil, badInput("--wasm-cache-dir (SANDGATE_WASM_CACHE_DIR): %v", err)
 	}
 	return r, nil
 }
@@ -177,9 +176,7 @@ func runWasmCheck(c *cli.Context) error {
 	w := c.App.Writer
 	fmt.Fprintf(w, "module: %s\n", m.Name())
 	fmt.Fprintf(w, "exports: %s\n", strings.Join(m.Exports(), ", "))
-	imports := m.Imports()
-	slices.Sort(imports)
-	fmt.Fprintf(w, "imports: %s\n", strings.Join(imports, ", "))
+	fmt.Fprintf(w, "imports: %s\n", strings.Join(m.Imports(), ", "))
 	fmt.Fprintf(w, "features enabled at start: %s\n", m.Features())
 	fmt.Fprintf(w, "ok: the proxy would load it\n")
 	return nil

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -40,6 +41,15 @@ func TestWasmCheck(t *testing.T) {
 			t.Errorf("check output lacks %q:\n%s", want, out)
 		}
 	}
+	// Each import once, sorted (a Go guest imports fd_write twice).
+	for _, line := range strings.Split(out, "\n") {
+		if list, ok := strings.CutPrefix(line, "imports: "); ok {
+			imports := strings.Split(list, ", ")
+			if !slices.IsSorted(imports) || len(slices.Compact(slices.Clone(imports))) != len(imports) {
+				t.Errorf("imports listed out of order or twice: %s", list)
+			}
+		}
+	}
 	dir := t.TempDir()
 	cfg := filepath.Join(dir, "cfg")
 	os.WriteFile(cfg, []byte("init enable 3"), 0o600)
@@ -56,6 +66,8 @@ func TestWasmCheck(t *testing.T) {
 		{[]string{filepath.Join(dir, "missing.wasm")}, "cannot read"},
 		{nil, "takes one module FILE"},
 		{[]string{probe, "--wasm-memory-pages", "0"}, "--wasm-memory-pages"},
+		// The cache directory's fix in this CLI's words, not the Go field's.
+		{[]string{probe, "--wasm-cache-dir", "/proc/sandgate-cannot-be-here"}, "--wasm-cache-dir (SANDGATE_WASM_CACHE_DIR): wasm: compilation cache directory"},
 	} {
 		code, _, errOut := runCLI(t, append([]string{"wasm", "check", cache}, tt.args...)...)
 		if code != exitBadInput || !strings.Contains(errOut, tt.want) {

@@ -24,9 +24,20 @@ locals {
 data "google_project" "this" {}
 
 resource "google_project_service" "apis" {
-  for_each           = toset(["run.googleapis.com", "secretmanager.googleapis.com", "storage.googleapis.com", "iam.googleapis.com"])
+  for_each           = toset(["run.googleapis.com", "artifactregistry.googleapis.com", "secretmanager.googleapis.com", "storage.googleapis.com", "iam.googleapis.com"])
   service            = each.value
   disable_on_destroy = false
+}
+
+# The image's repository. Terraform makes it; the image is built and pushed
+# into it between the two applies (README.md), since the service runs it by
+# digest.
+resource "google_artifact_registry_repository" "images" {
+  location      = var.region
+  repository_id = var.repository
+  format        = "DOCKER"
+  description   = "sandgate's image: the service, and every sandbox's read-only root"
+  depends_on    = [google_project_service.apis]
 }
 
 # Snapshots and templates.
@@ -59,6 +70,8 @@ resource "google_storage_bucket" "store" {
 resource "google_service_account" "sandgate" {
   account_id   = "${var.service_name}-svc"
   display_name = "sandgate service"
+  # The IAM API must be on before an account can be made in a new project.
+  depends_on = [google_project_service.apis]
 }
 
 resource "google_storage_bucket_iam_member" "objects" {

@@ -16,3 +16,8 @@ output "service_account" {
 output "bucket" {
   value = google_storage_bucket.store.name
 }
+
+output "repository" {
+  description = "Where to push the image: REGION-docker.pkg.dev/PROJECT/REPOSITORY."
+  value       = "${var.region}-docker.pkg.dev/${var.project}/${google_artifact_registry_repository.images.repository_id}"
+}

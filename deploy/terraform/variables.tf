@@ -24,8 +24,14 @@ variable "shards" {
   }
 }
 
+variable "repository" {
+  description = "The Artifact Registry repository Terraform makes for the image (REGION-docker.pkg.dev/PROJECT/REPOSITORY)."
+  type        = string
+  default     = "sandgate"
+}
+
 variable "image" {
-  description = "The image to run, by digest: REGION-docker.pkg.dev/PROJECT/REPO/sandgate@sha256:... (yours, built FROM sandgate's, if you add tools)."
+  description = "The image to run, by digest: REGION-docker.pkg.dev/PROJECT/REPOSITORY/sandgate@sha256:... (yours, built FROM sandgate's, if you add tools), pushed to the repository after the first apply (README.md)."
   type        = string
   validation {
     condition     = can(regex("@sha256:[0-9a-f]{64}$", var.image))

@@ -53,13 +53,20 @@ type config struct {
 
 // agentScript is the stand-in agent: it asks the model API and writes the
 // answer to RESULT.md. It sees only ANTHROPIC_BASE_URL (a route through
-// the service) and a placeholder key.
+// the service) and a placeholder key. A failed call (an error status from
+// the API or the proxy's refusal, or no answer) fails the agent: it
+// exits 1 and says why, with what the API or the proxy answered.
 const agentScript = `#!/bin/sh
 set -e
 echo "agent: working on: $1"
-curl -sS -H "x-api-key: $ANTHROPIC_API_KEY" -H "anthropic-version: 2023-06-01" \
+if ! curl -sS --fail-with-body -H "x-api-key: $ANTHROPIC_API_KEY" -H "anthropic-version: 2023-06-01" \
   -H "content-type: application/json" "$ANTHROPIC_BASE_URL/v1/messages" \
-  -d "{\"model\":\"claude-sonnet-4-5\",\"max_tokens\":64,\"messages\":[{\"role\":\"user\",\"content\":\"$1\"}]}" > answer.json
+  -d "{\"model\":\"claude-sonnet-4-5\",\"max_tokens\":64,\"messages\":[{\"role\":\"user\",\"content\":\"$1\"}]}" > answer.json; then
+  echo "agent: the model API call failed:" >&2
+  cat answer.json >&2
+  echo >&2
+  exit 1
+fi
 { echo "# $1"; echo; cat answer.json; echo; } > RESULT.md
 echo "agent: wrote RESULT.md"
 `
@@ -98,7 +105,7 @@ func run(ctx context.Context, cfg config, out, errOut io.Writer) error {
 
 	// 1. The agent, installed once in a template.
 	agent := &client.Template{
-		Identity: "example-agent@1",
+		Identity: "example-agent@2", // @2: the agent fails when its model call fails
 		Setup:    cfg.Setup,
 		Prepare: func(ctx context.Context, sb *client.Restricted) error {
 			// A harness installs itself here (npm install -g ...).
@@ -159,7 +166,7 @@ func run(ctx context.Context, cfg config, out, errOut io.Writer) error {
 		return err
 	}
 	if code != 0 {
-		return fmt.Errorf("the agent exited with %d", code)
+		return fmt.Errorf("the agent's turn failed: it exited with %d (its stderr above says why)", code)
 	}
 
 	// 4. What it wrote.

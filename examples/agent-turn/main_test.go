@@ -55,4 +55,19 @@ func TestAgentTurn(t *testing.T) {
 	if err := run(ctx, config{URL: svc.URL, Token: svc.Token}, &out, &errOut); err == nil || !strings.Contains(err.Error(), "ANTHROPIC_API_KEY") {
 		t.Errorf("without a key: %v", err)
 	}
+
+	// A model call that fails fails the turn (and so the program's exit,
+	// through main's log.Fatal): it used to write the error as the answer
+	// and end well. Here the API's host is one the service's DNS does not
+	// know, so the proxy answers the route with 502.
+	out.Reset()
+	errOut.Reset()
+	err = run(ctx, config{URL: svc.URL, Token: svc.Token, APIURL: "https://nowhere.example.com", APIKey: key,
+		Registry: servetest.UpstreamHost, Setup: []string{"mkdir -p /opt/agent"}, Task: "say hello"}, &out, &errOut)
+	if err == nil || !strings.Contains(err.Error(), "exited with 1") || !strings.Contains(errOut.String(), "the model API call failed") {
+		t.Errorf("a failed model call: %v\n%s%s", err, out.String(), errOut.String())
+	}
+	if strings.Contains(out.String(), "wrote RESULT.md") {
+		t.Errorf("the agent wrote a result of a failed call:\n%s", out.String())
+	}
 }

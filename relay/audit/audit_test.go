@@ -11,8 +11,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
-
-	"github.com/sandgate/sandgate/internal/cloudlog"
 )
 
 func TestRingsKeepNewestInOrder(t *testing.T) {
@@ -37,34 +35,6 @@ func TestRingsKeepNewestInOrder(t *testing.T) {
 	}
 	if evs := NewRings(2).Events("none"); evs != nil {
 		t.Errorf("unknown sandbox has %v", evs)
-	}
-}
-
-func TestLoggerLine(t *testing.T) {
-	var buf bytes.Buffer
-	Logger{L: cloudlog.New(&buf, nil)}.Record(Event{
-		Time: time.Now(), Sandbox: "sb1", Kind: Route, Host: "api.example.com", Port: 443, Method: "POST",
-		Path: "/v1/messages", Allow: true, Code: "allowed_host", Reason: "matched", Rule: "allowedHosts:api.example.com",
-		Addr: "1.2.3.4:443", Status: 200, BytesIn: 10, BytesOut: 20, Duration: 3 * time.Millisecond,
-		DNSTime: time.Millisecond, Transforms: []string{"rule[0] api.example.com"},
-	})
-	var m map[string]any
-	if err := json.Unmarshal(buf.Bytes(), &m); err != nil {
-		t.Fatal(err)
-	}
-	want := map[string]any{"message": "egress", "severity": "INFO", "sandbox": "sb1", "kind": "route", "decision": "allow",
-		"code": "allowed_host", "host": "api.example.com", "port": 443.0, "method": "POST", "path": "/v1/messages",
-		"rule": "allowedHosts:api.example.com", "addr": "1.2.3.4:443", "status": 200.0, "bytes_in": 10.0, "bytes_out": 20.0,
-		"duration_ms": 3.0, "dns_ms": 1.0}
-	for k, v := range want {
-		if m[k] != v {
-			t.Errorf("%s = %v, want %v", k, m[k], v)
-		}
-	}
-	buf.Reset()
-	Logger{L: cloudlog.New(&buf, nil)}.Record(Event{Sandbox: "sb1", Kind: Connect, Code: "no_rule", Reason: "no"})
-	if !strings.Contains(buf.String(), `"severity":"WARNING"`) || !strings.Contains(buf.String(), `"decision":"deny"`) {
-		t.Errorf("a denial is logged as %s", buf.String())
 	}
 }
 
@@ -103,61 +73,6 @@ func value(t *testing.T, c prometheus.Metric) float64 {
 		return m.Counter.GetValue()
 	}
 	return m.Gauge.GetValue()
-}
-
-func TestFollow(t *testing.T) {
-	r := NewRings(4)
-	f, stop := r.Follow("a")
-	r.Record(Event{Sandbox: "b", Path: "other"})
-	r.Record(Event{Sandbox: "a", Path: "1"})
-	if e := <-f.C; e.Path != "1" {
-		t.Errorf("followed %q", e.Path)
-	}
-	stop()
-	r.Record(Event{Sandbox: "a", Path: "2"})
-	select {
-	case e := <-f.C:
-		t.Errorf("after stop: %q", e.Path)
-	default:
-	}
-}
-
-// JSONLines writes the line Logger writes through cloudlog: the same keys
-// and values (the time aside), for every kind of field and awkward string.
-func TestJSONLinesMatchesLogger(t *testing.T) {
-	events := []Event{
-		{Sandbox: "sb1", Kind: Route, Host: "api.example.com", Port: 443, Method: "POST", Path: "/v1/messages", Allow: true,
-			Code: "allowed_host", Reason: "matched", Rule: "allowedHosts:api.example.com", Addr: "1.2.3.4:443", Status: 200,
-			BytesIn: 10, BytesOut: 20, Duration: 3*time.Millisecond + 7, DNSTime: time.Nanosecond,
-			Transforms: []string{"rule[0] api.example.com"}, Module: "m", Notes: []string{"m: a", "m: \"b\"\n"}, NotesDropped: 2},
-		{Sandbox: "sb\x01\"2\\", Kind: Refused, Code: "bad_request", Reason: "bad \xff byte \u2028 line \u2029 é <&>", Error: "tab\there\r"},
-		{Sandbox: "sb3", Kind: Connect, Duration: 1, Error: "x"},
-		{Sandbox: "sb4", Kind: Connect, Duration: 1 << 62},
-	}
-	for i, e := range events {
-		var want, got bytes.Buffer
-		Logger{L: cloudlog.New(&want, nil)}.Record(e)
-		e.Time = time.Now()
-		NewJSONLines(&got).Record(e)
-		var wm, gm map[string]any
-		if err := json.Unmarshal(want.Bytes(), &wm); err != nil {
-			t.Fatal(err)
-		}
-		if err := json.Unmarshal(got.Bytes(), &gm); err != nil {
-			t.Fatalf("event %d: %v in %s", i, err, got.Bytes())
-		}
-		if _, err := time.Parse(time.RFC3339Nano, gm["time"].(string)); err != nil {
-			t.Errorf("event %d: time %v: %v", i, gm["time"], err)
-		}
-		delete(wm, "time")
-		delete(gm, "time")
-		if fmt.Sprint(wm) != fmt.Sprint(gm) {
-			t.Errorf("event %d:\n got %s\nwant %s", i, got.Bytes(), want.Bytes())
-		}
-		if n := bytes.Count(got.Bytes(), []byte("\n")); n != 1 || !bytes.HasSuffix(got.Bytes(), []byte("\n")) {
-			t.Errorf("event %d: %d newlines, want one line", i, n)
-		}
-	}
 }
 
 // Concurrent records each get one whole line, whoever writes it.

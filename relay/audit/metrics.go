@@ -11,6 +11,8 @@ type Metrics struct {
 	dnsLatency    prometheus.Histogram
 	activeTunnels prometheus.Gauge
 	requestTime   *prometheus.HistogramVec
+	auditDropped  prometheus.Counter
+	segWrites     *prometheus.CounterVec
 
 	// The series every event touches, looked up once (a lookup hashes the
 	// label values under a lock).
@@ -47,8 +49,16 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help:    "Duration of tunnels and routed requests, by kind.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 4, 10),
 		}, []string{"kind"}),
+		auditDropped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sandgate_audit_dropped_events_total",
+			Help: "Audit events of a sandbox dropped from its durable audit because the store fell too far behind (they are still in the audit log).",
+		}),
+		segWrites: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sandgate_audit_segment_writes_total",
+			Help: "Writes of audit segments to the store, by result (ok, error).",
+		}, []string{"result"}),
 	}
-	reg.MustRegister(m.decisions, m.tunnelBytes, m.routedBytes, m.dnsLatency, m.activeTunnels, m.requestTime)
+	reg.MustRegister(m.decisions, m.tunnelBytes, m.routedBytes, m.dnsLatency, m.activeTunnels, m.requestTime, m.auditDropped, m.segWrites)
 	m.tunnelIn, m.tunnelOut = m.tunnelBytes.WithLabelValues("in"), m.tunnelBytes.WithLabelValues("out")
 	m.routedIn, m.routedOut = m.routedBytes.WithLabelValues("in"), m.routedBytes.WithLabelValues("out")
 	m.connectTime, m.routeTime = m.requestTime.WithLabelValues(string(Connect)), m.requestTime.WithLabelValues(string(Route))
@@ -86,3 +96,11 @@ func (m *Metrics) TunnelOpened() { m.activeTunnels.Inc() }
 
 // TunnelClosed is the pair of TunnelOpened.
 func (m *Metrics) TunnelClosed() { m.activeTunnels.Dec() }
+
+func (m *Metrics) segmentWrite(err error) {
+	result := "ok"
+	if err != nil {
+		result = "error"
+	}
+	m.segWrites.WithLabelValues(result).Inc()
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -12,16 +13,27 @@ import (
 	"os"
 	"path"
 	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
 )
 
-// digestXattr holds an object's sha256 on its file. It is set on the
-// temporary file before the rename, so object and digest appear together.
-const digestXattr = "user.sandgate.sha256"
+// digestXattr holds an object's sha256 on its file, generationXattr its
+// generation. Both are set on the temporary file before the rename, so
+// object, digest and generation appear together.
+const (
+	digestXattr     = "user.sandgate.sha256"
+	generationXattr = "user.sandgate.generation"
+)
+
+// lockName is the file at the store's root that the processes sharing a
+// directory store lock (flock) around every change of an object, so that
+// a conditional put or delete checks and changes it atomically.
+const lockName = ".lock"
 
 // Dir is a Store in a local directory: the embedded default. A put writes a
 // hidden temporary file beside the object, fsyncs it, records its digest,
@@ -36,6 +48,12 @@ type Dir struct {
 	// its digest recorded and one without it is damaged (or was copied
 	// without its attributes), not merely stored where they cannot be.
 	xattrs bool
+
+	// mu and lock serialise changes of objects: mu among this process's
+	// goroutines, an flock of lock among processes (flock excludes other
+	// open files, not the same one).
+	mu   sync.Mutex
+	lock *os.File
 }
 
 var _ Store = (*Dir)(nil)
@@ -78,7 +96,86 @@ func probeUserXattrs(root *os.Root) bool {
 }
 
 // Close releases the directory.
-func (d *Dir) Close() error { return d.root.Close() }
+func (d *Dir) Close() error {
+	d.mu.Lock()
+	if d.lock != nil {
+		d.lock.Close()
+		d.lock = nil
+	}
+	d.mu.Unlock()
+	return d.root.Close()
+}
+
+// locked runs f while holding the store's lock, against this process's
+// goroutines and every other process sharing the directory.
+func (d *Dir) locked(f func() error) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.lock == nil {
+		l, err := d.root.OpenFile(lockName, os.O_RDWR|os.O_CREATE, 0o644)
+		if err != nil {
+			return fmt.Errorf("dir store: its lock file: %w", err)
+		}
+		d.lock = l
+	}
+	for {
+		err := unix.Flock(int(d.lock.Fd()), unix.LOCK_EX)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, unix.EINTR) {
+			return fmt.Errorf("dir store: locking: %w", err)
+		}
+	}
+	defer unix.Flock(int(d.lock.Fd()), unix.LOCK_UN)
+	return f()
+}
+
+// newGeneration is a new object generation: random, positive, never 0.
+func newGeneration() int64 {
+	var b [8]byte
+	for {
+		rand.Read(b[:])
+		if g := int64(binary.BigEndian.Uint64(b[:]) >> 1); g != 0 {
+			return g
+		}
+	}
+}
+
+// generationOf is the generation of the object open as f: the one put
+// recorded, or, for an object stored without it (before generations were
+// recorded, or where the file system keeps no attributes), one made of
+// its inode and change time, which a replacement changes too.
+func generationOf(f *os.File) (int64, error) {
+	buf := make([]byte, 24)
+	if n, err := unix.Fgetxattr(int(f.Fd()), generationXattr, buf); err == nil {
+		if g, err := strconv.ParseInt(string(buf[:n]), 10, 64); err == nil && g > 0 {
+			return g, nil
+		}
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return 0, err
+	}
+	h := sha256.New()
+	binary.Write(h, binary.BigEndian, [4]int64{int64(st.Dev), int64(st.Ino), st.Ctim.Sec, st.Ctim.Nsec})
+	g := int64(binary.BigEndian.Uint64(h.Sum(nil)) >> 1)
+	return max(g, 1), nil
+}
+
+// currentGeneration is the generation of the object name, or 0 if there
+// is none.
+func (d *Dir) currentGeneration(name string) (int64, error) {
+	f, err := d.root.OpenFile(name, os.O_RDONLY|unix.O_NOFOLLOW, 0)
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	return generationOf(f)
+}
 
 // Put implements Store.
 func (d *Dir) Put(ctx context.Context, name string, r io.Reader, opts PutOptions) (info Info, err error) {
@@ -93,11 +190,13 @@ func (d *Dir) Put(ctx context.Context, name string, r io.Reader, opts PutOptions
 	if err := d.mkdirAll(dir); err != nil {
 		return Info{}, fmt.Errorf("put %s: %w", name, err)
 	}
-	if opts.IfNotExist {
-		// Fail before reading a byte; the link below is what makes it atomic.
-		if _, err := d.root.Lstat(name); err == nil {
-			return Info{}, fmt.Errorf("put %s: exists: %w", name, ErrPreconditionFailed)
-		}
+	if opts.IfNotExist && opts.IfGenerationMatch != 0 {
+		return Info{}, fmt.Errorf("put %s: IfNotExist and IfGenerationMatch together: %w", name, ErrPreconditionFailed)
+	}
+	// Fail before reading a byte; the check under the lock below is what
+	// makes it atomic.
+	if err := d.precondition(name, opts); err != nil {
+		return Info{}, err
 	}
 	var rnd [8]byte
 	rand.Read(rnd[:])
@@ -119,7 +218,9 @@ func (d *Dir) Put(ctx context.Context, name string, r io.Reader, opts PutOptions
 	if opts.Digest == nil {
 		dst = io.MultiWriter(dst, h)
 	}
-	_, err = io.CopyBuffer(dst, ctxReader{ctx, r}, make([]byte, 1<<20))
+	buf := copyBufs.Get().(*[]byte)
+	_, err = io.CopyBuffer(dst, ctxReader{ctx, r}, *buf)
+	copyBufs.Put(buf)
 	if err != nil {
 		return Info{}, fmt.Errorf("put %s: %w", name, err)
 	}
@@ -135,6 +236,11 @@ func (d *Dir) Put(ctx context.Context, name string, r io.Reader, opts PutOptions
 		// would be refused by every Get.
 		return Info{}, fmt.Errorf("put %s: record digest: %w", name, err)
 	}
+	if d.xattrs {
+		if err := unix.Fsetxattr(int(f.Fd()), generationXattr, []byte(strconv.FormatInt(newGeneration(), 10)), 0); err != nil {
+			return Info{}, fmt.Errorf("put %s: record generation: %w", name, err)
+		}
+	}
 	if err := f.Close(); err != nil {
 		f = nil
 		return Info{}, fmt.Errorf("put %s: %w", name, err)
@@ -143,22 +249,57 @@ func (d *Dir) Put(ctx context.Context, name string, r io.Reader, opts PutOptions
 	if err := ctx.Err(); err != nil {
 		return Info{}, fmt.Errorf("put %s: %w", name, err)
 	}
-	if opts.IfNotExist {
-		// link(2) fails if name exists: an atomic "create if absent".
-		if err := d.root.Link(tmp, name); err != nil {
-			if errors.Is(err, fs.ErrExist) {
-				return Info{}, fmt.Errorf("put %s: exists: %w", name, ErrPreconditionFailed)
-			}
-			return Info{}, fmt.Errorf("put %s: %w", name, err)
+	err = d.locked(func() error {
+		if err := d.precondition(name, opts); err != nil {
+			return err
 		}
-		d.root.Remove(tmp)
-	} else if err := d.root.Rename(tmp, name); err != nil {
-		return Info{}, fmt.Errorf("put %s: %w", name, err)
+		if opts.IfNotExist {
+			// link(2) fails if name exists: an atomic "create if absent",
+			// whoever else writes the directory.
+			if err := d.root.Link(tmp, name); err != nil {
+				if errors.Is(err, fs.ErrExist) {
+					return fmt.Errorf("put %s: exists: %w", name, ErrPreconditionFailed)
+				}
+				return fmt.Errorf("put %s: %w", name, err)
+			}
+			d.root.Remove(tmp)
+			return nil
+		}
+		if err := d.root.Rename(tmp, name); err != nil {
+			return fmt.Errorf("put %s: %w", name, err)
+		}
+		return nil
+	})
+	if err != nil {
+		return Info{}, err
 	}
 	if err := d.syncDir(dir); err != nil {
 		return Info{}, fmt.Errorf("put %s: sync dir: %w", name, err)
 	}
 	return d.Stat(ctx, name)
+}
+
+// copyBufs are Put's copy buffers: a put of a small object (an audit
+// segment, a record) does not allocate and clear a MiB.
+var copyBufs = sync.Pool{New: func() any { b := make([]byte, 1<<20); return &b }}
+// precondition checks opts' preconditions against the object name as it
+// is now.
+func (d *Dir) precondition(name string, opts PutOptions) error {
+	switch {
+	case opts.IfNotExist:
+		if _, err := d.root.Lstat(name); err == nil {
+			return fmt.Errorf("put %s: exists: %w", name, ErrPreconditionFailed)
+		}
+	case opts.IfGenerationMatch != 0:
+		g, err := d.currentGeneration(name)
+		if err != nil {
+			return fmt.Errorf("put %s: %w", name, err)
+		}
+		if g != opts.IfGenerationMatch {
+			return fmt.Errorf("put %s: generation %d, not %d: %w", name, g, opts.IfGenerationMatch, ErrPreconditionFailed)
+		}
+	}
+	return nil
 }
 
 // writeback writes to f and starts writing each written 8 MiB back to disk
@@ -213,24 +354,34 @@ func (d *Dir) syncDir(dir string) error {
 
 // Get implements Store.
 func (d *Dir) Get(ctx context.Context, name string) (io.ReadCloser, error) {
-	if err := CheckName(name); err != nil {
+	v, _, err := d.open(name)
+	if err != nil {
 		return nil, err
+	}
+	return v, nil
+}
+
+// open opens the object name for a verified read, with the Info of the
+// version opened.
+func (d *Dir) open(name string) (*verifyingReader, Info, error) {
+	if err := CheckName(name); err != nil {
+		return nil, Info{}, err
 	}
 	f, err := d.root.OpenFile(name, os.O_RDONLY|unix.O_NOFOLLOW, 0)
 	if err != nil {
-		return nil, d.mapErr("get", name, err)
+		return nil, Info{}, d.mapErr("get", name, err)
 	}
 	info, err := d.statFile(name, f)
 	if err != nil {
 		f.Close()
-		return nil, err
+		return nil, Info{}, err
 	}
 	v := newVerifyingReader(f, name, info.Size, info.Digest, nil)
 	if info.Digest == "" && d.xattrs {
 		// Like any other damage, reported at EOF instead of io.EOF.
 		v.missing = "no digest recorded (attribute " + digestXattr + " missing or unreadable)"
 	}
-	return v, nil
+	return v, info, nil
 }
 
 func (d *Dir) statFile(name string, f *os.File) (Info, error) {
@@ -242,6 +393,9 @@ func (d *Dir) statFile(name string, f *os.File) (Info, error) {
 		return Info{}, fmt.Errorf("stat %s: %w", name, ErrNotFound)
 	}
 	info := Info{Name: name, Size: st.Size(), Modified: st.ModTime()}
+	if info.Generation, err = generationOf(f); err != nil {
+		return Info{}, d.mapErr("stat", name, err)
+	}
 	buf := make([]byte, 128)
 	if n, err := unix.Fgetxattr(int(f.Fd()), digestXattr, buf); err == nil {
 		info.Digest = string(buf[:n])
@@ -264,21 +418,55 @@ func (d *Dir) Stat(ctx context.Context, name string) (Info, error) {
 
 // Delete implements Store.
 func (d *Dir) Delete(ctx context.Context, name string) error {
+	return d.delete(name, 0)
+}
+
+// DeleteIf implements Store.
+func (d *Dir) DeleteIf(ctx context.Context, name string, generation int64) error {
+	if generation == 0 {
+		return fmt.Errorf("delete %s: generation 0: %w", name, ErrPreconditionFailed)
+	}
+	return d.delete(name, generation)
+}
+
+// delete removes name, if its generation is generation when that is not 0.
+func (d *Dir) delete(name string, generation int64) error {
 	if err := CheckName(name); err != nil {
 		return err
 	}
-	st, err := d.root.Lstat(name)
+	return d.locked(func() error {
+		st, err := d.root.Lstat(name)
+		if err != nil {
+			return d.mapErr("delete", name, err)
+		}
+		if st.IsDir() {
+			return fmt.Errorf("delete %s: %w", name, ErrNotFound)
+		}
+		if generation != 0 {
+			g, err := d.currentGeneration(name)
+			if err != nil {
+				return d.mapErr("delete", name, err)
+			}
+			if g != generation {
+				return fmt.Errorf("delete %s: generation %d, not %d: %w", name, g, generation, ErrPreconditionFailed)
+			}
+		}
+		if err := d.root.Remove(name); err != nil {
+			return d.mapErr("delete", name, err)
+		}
+		return d.syncDir(path.Dir(name))
+	})
+}
+
+// Read implements Store.
+func (d *Dir) Read(ctx context.Context, name string, max int64) ([]byte, Info, error) {
+	v, info, err := d.open(name)
 	if err != nil {
-		return d.mapErr("delete", name, err)
+		return nil, Info{}, err
 	}
-	if st.IsDir() {
-		return fmt.Errorf("delete %s: %w", name, ErrNotFound)
-	}
-	if err := d.root.Remove(name); err != nil {
-		return d.mapErr("delete", name, err)
-	}
-	dir := path.Dir(name)
-	return d.syncDir(dir)
+	defer v.Close()
+	b, err := readMax(v, name, max)
+	return b, info, err
 }
 
 // List implements Store.

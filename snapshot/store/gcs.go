@@ -81,8 +81,13 @@ func (g *GCS) Put(ctx context.Context, name string, r io.Reader, opts PutOptions
 		return Info{}, err
 	}
 	obj := g.object(name)
-	if opts.IfNotExist {
+	switch {
+	case opts.IfNotExist && opts.IfGenerationMatch != 0:
+		return Info{}, fmt.Errorf("put %s: IfNotExist and IfGenerationMatch together: %w", name, ErrPreconditionFailed)
+	case opts.IfNotExist:
 		obj = obj.If(storage.Conditions{DoesNotExist: true})
+	case opts.IfGenerationMatch != 0:
+		obj = obj.If(storage.Conditions{GenerationMatch: opts.IfGenerationMatch})
 	}
 	// Cancelling wctx is how an upload is abandoned without finalising it.
 	wctx, cancel := context.WithCancel(ctx)
@@ -116,11 +121,20 @@ func (g *GCS) Put(ctx context.Context, name string, r io.Reader, opts PutOptions
 	if opts.Digest != nil {
 		digest = opts.Digest()
 	}
-	attrs, err = pinned.Update(ctx, storage.ObjectAttrsToUpdate{Metadata: map[string]string{digestMetadata: digest}})
+	updated, err := pinned.Update(ctx, storage.ObjectAttrsToUpdate{Metadata: map[string]string{digestMetadata: digest}})
 	if err != nil {
-		return Info{}, g.mapErr("put (record digest)", name, err)
+		err = g.mapErr("put (record digest)", name, err)
+		if errors.Is(err, ErrPreconditionFailed) {
+			// Another put replaced this generation after it was written:
+			// this put happened (a compare-and-swap that succeeded), and
+			// what it wrote is gone, as if replaced a moment later.
+			info := g.info(name, attrs)
+			info.Digest = digest
+			return info, nil
+		}
+		return Info{}, err
 	}
-	return g.info(name, attrs), nil
+	return g.info(name, updated), nil
 }
 
 type writerFunc func([]byte) (int, error)
@@ -166,6 +180,50 @@ func (g *GCS) Delete(ctx context.Context, name string) error {
 		return err
 	}
 	return g.mapErr("delete", name, g.object(name).Delete(ctx))
+}
+
+// DeleteIf implements Store.
+func (g *GCS) DeleteIf(ctx context.Context, name string, generation int64) error {
+	if err := CheckName(name); err != nil {
+		return err
+	}
+	if generation == 0 {
+		return fmt.Errorf("delete %s: generation 0: %w", name, ErrPreconditionFailed)
+	}
+	return g.mapErr("delete", name, g.object(name).If(storage.Conditions{GenerationMatch: generation}).Delete(ctx))
+}
+
+// Read implements Store.
+func (g *GCS) Read(ctx context.Context, name string, max int64) ([]byte, Info, error) {
+	if err := CheckName(name); err != nil {
+		return nil, Info{}, err
+	}
+	// A generation replaced between its attributes and its read is gone
+	// (the bucket keeps no old versions): read the new one. A name changed
+	// that often by others is a contention the caller sees as an error.
+	for try := 0; ; try++ {
+		attrs, err := g.object(name).Attrs(ctx)
+		if err != nil {
+			return nil, Info{}, g.mapErr("get", name, err)
+		}
+		if attrs.Size > max {
+			return nil, Info{}, fmt.Errorf("read %s: %d bytes, over %d", name, attrs.Size, max)
+		}
+		r, err := g.object(name).Generation(attrs.Generation).NewReader(ctx)
+		if errors.Is(err, storage.ErrObjectNotExist) && try < 10 {
+			continue
+		}
+		if err != nil {
+			return nil, Info{}, g.mapErr("get", name, err)
+		}
+		crc := attrs.CRC32C
+		b, err := readMax(newVerifyingReader(r, name, attrs.Size, attrs.Metadata[digestMetadata], &crc), name, max)
+		r.Close()
+		if err != nil {
+			return nil, Info{}, g.mapErr("get", name, err)
+		}
+		return b, g.info(name, attrs), nil
+	}
 }
 
 // List implements Store.

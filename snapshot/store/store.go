@@ -33,6 +33,14 @@ type Store interface {
 	Stat(ctx context.Context, name string) (Info, error)
 	// Delete removes the object, or returns ErrNotFound.
 	Delete(ctx context.Context, name string) error
+	// DeleteIf removes the object only if its current generation is
+	// generation: ErrPreconditionFailed if it is another, ErrNotFound if
+	// there is none.
+	DeleteIf(ctx context.Context, name string, generation int64) error
+	// Read returns the whole content of a small object (at most max
+	// bytes, else an error) and the Info of exactly the version read: its
+	// Generation is what a conditional Put or DeleteIf names.
+	Read(ctx context.Context, name string, max int64) ([]byte, Info, error)
 	// List returns the objects whose names start with prefix, sorted.
 	List(ctx context.Context, prefix string) ([]Info, error)
 	// Close releases the store's resources.
@@ -45,6 +53,11 @@ type PutOptions struct {
 	// IfNotExist makes Put fail with ErrPreconditionFailed if the object
 	// already exists ("must not exist").
 	IfNotExist bool
+	// IfGenerationMatch, when not 0, makes Put fail with
+	// ErrPreconditionFailed unless the object exists at this generation:
+	// a compare-and-swap, which the leases of several services sharing a
+	// store are built on.
+	IfGenerationMatch int64
 	// Digest, when set, is called once r has returned io.EOF and must
 	// return the sha256 ("sha256:<hex>") of exactly the bytes r yielded.
 	// Callers that hash the stream anyway (snapshot.Pack does) set it to
@@ -59,7 +72,8 @@ type Info struct {
 	Size     int64
 	Digest   string // "sha256:<hex>", or "" if none was recorded
 	Modified time.Time
-	// Generation identifies this version of the object (GCS only; 0 for Dir).
+	// Generation identifies this version of the object: every put makes
+	// a new one (Cloud Storage's own; for Dir, recorded with the object).
 	Generation int64
 }
 

@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -173,6 +174,92 @@ func runContract(t *testing.T, mk func(t *testing.T) harness) {
 		}
 		if got, err := readAll(t, h.s, "x"); err != nil || string(got) != "replaced" {
 			t.Fatalf("after replace: %q %v", got, err)
+		}
+	})
+
+	t.Run("GenerationsAndConditionalChanges", func(t *testing.T) {
+		h := mk(t)
+		first, err := h.s.Put(ctx, "leases/a.json", strings.NewReader("one"), store.PutOptions{IfNotExist: true})
+		if err != nil || first.Generation == 0 {
+			t.Fatalf("put: %+v %v, want a generation", first, err)
+		}
+		b, in, err := h.s.Read(ctx, "leases/a.json", 1<<10)
+		if err != nil || string(b) != "one" || in.Generation != first.Generation {
+			t.Fatalf("read: %q %+v %v, want generation %d", b, in, err, first.Generation)
+		}
+		if _, _, err := h.s.Read(ctx, "leases/a.json", 2); err == nil {
+			t.Errorf("read of 3 bytes with max 2: no error")
+		}
+		second, err := h.s.Put(ctx, "leases/a.json", strings.NewReader("two"), store.PutOptions{IfGenerationMatch: first.Generation})
+		if err != nil || second.Generation == first.Generation || second.Generation == 0 {
+			t.Fatalf("compare-and-swap: %+v %v", second, err)
+		}
+		// The generation it replaced is gone: a second writer that read it
+		// is refused, and changes nothing.
+		if _, err := h.s.Put(ctx, "leases/a.json", strings.NewReader("stale"), store.PutOptions{IfGenerationMatch: first.Generation}); !errors.Is(err, store.ErrPreconditionFailed) {
+			t.Fatalf("stale compare-and-swap: %v, want ErrPreconditionFailed", err)
+		}
+		if err := h.s.DeleteIf(ctx, "leases/a.json", first.Generation); !errors.Is(err, store.ErrPreconditionFailed) {
+			t.Fatalf("stale conditional delete: %v, want ErrPreconditionFailed", err)
+		}
+		if b, _, _ := h.s.Read(ctx, "leases/a.json", 1<<10); string(b) != "two" {
+			t.Fatalf("after refused changes: %q", b)
+		}
+		if _, err := h.s.Put(ctx, "leases/none.json", strings.NewReader("x"), store.PutOptions{IfGenerationMatch: 1}); !errors.Is(err, store.ErrPreconditionFailed) {
+			t.Fatalf("compare-and-swap of a missing object: %v, want ErrPreconditionFailed", err)
+		}
+		if err := h.s.DeleteIf(ctx, "leases/a.json", second.Generation); err != nil {
+			t.Fatal(err)
+		}
+		if err := h.s.DeleteIf(ctx, "leases/a.json", second.Generation); !errors.Is(err, store.ErrNotFound) {
+			t.Fatalf("conditional delete of a missing object: %v, want ErrNotFound", err)
+		}
+	})
+
+	t.Run("CompareAndSwapLosesNoUpdate", func(t *testing.T) {
+		// Writers incrementing one counter by read → compare-and-swap:
+		// every increment lands exactly once.
+		h := mk(t)
+		if _, err := h.s.Put(ctx, "counter", strings.NewReader("0"), store.PutOptions{IfNotExist: true}); err != nil {
+			t.Fatal(err)
+		}
+		const writers, each = 4, 10
+		errs := make(chan error, writers)
+		for range writers {
+			go func() {
+				for range each {
+					ok := false
+					for try := 0; try < 1000 && !ok; try++ {
+						b, in, err := h.s.Read(ctx, "counter", 64)
+						if err != nil {
+							errs <- err
+							return
+						}
+						n, _ := strconv.Atoi(string(b))
+						_, err = h.s.Put(ctx, "counter", strings.NewReader(strconv.Itoa(n+1)), store.PutOptions{IfGenerationMatch: in.Generation})
+						switch {
+						case err == nil:
+							ok = true
+						case !errors.Is(err, store.ErrPreconditionFailed):
+							errs <- err
+							return
+						}
+					}
+					if !ok {
+						errs <- errors.New("an increment lost 1000 races in a row")
+						return
+					}
+				}
+				errs <- nil
+			}()
+		}
+		for range writers {
+			if err := <-errs; err != nil {
+				t.Fatal(err)
+			}
+		}
+		if b, _, err := h.s.Read(ctx, "counter", 64); err != nil || string(b) != strconv.Itoa(writers*each) {
+			t.Fatalf("counter %q (%v), want %d", b, err, writers*each)
 		}
 	})
 
@@ -381,5 +468,49 @@ func TestOpenLocations(t *testing.T) {
 	s.Close()
 	if _, ok := s.(*store.GCS); !ok {
 		t.Fatalf("gs location opened %T", s)
+	}
+}
+
+// Two Dir stores over one directory (two processes sharing it) still
+// change an object atomically: the lock is the directory's, not the
+// process's.
+func TestDirCompareAndSwapAcrossOpens(t *testing.T) {
+	dir := t.TempDir()
+	ctx := context.Background()
+	var stores [2]*store.Dir
+	for i := range stores {
+		s, err := store.NewDir(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		stores[i] = s
+	}
+	in, err := stores[0].Put(ctx, "lease", strings.NewReader("a"), store.PutOptions{IfNotExist: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Both read the same generation; exactly one swap wins.
+	results := make(chan error, 2)
+	for i := range stores {
+		go func() {
+			_, err := stores[i].Put(ctx, "lease", strings.NewReader(strconv.Itoa(i)), store.PutOptions{IfGenerationMatch: in.Generation})
+			results <- err
+		}()
+	}
+	won := 0
+	for range stores {
+		switch err := <-results; {
+		case err == nil:
+			won++
+		case !errors.Is(err, store.ErrPreconditionFailed):
+			t.Fatal(err)
+		}
+	}
+	if won != 1 {
+		t.Fatalf("%d swaps of one generation won, want 1", won)
+	}
+	if list, _ := stores[1].List(ctx, ""); len(list) != 1 {
+		t.Errorf("the lock file shows in List: %+v", list)
 	}
 }

@@ -84,3 +84,15 @@ func (c ctxReader) Read(p []byte) (int, error) {
 	}
 	return c.r.Read(p)
 }
+
+// readMax reads all of r, an object of at most max bytes.
+func readMax(r io.Reader, name string, max int64) ([]byte, error) {
+	b, err := io.ReadAll(io.LimitReader(r, max+1))
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", name, err)
+	}
+	if int64(len(b)) > max {
+		return nil, fmt.Errorf("read %s: over %d bytes", name, max)
+	}
+	return b, nil
+}

@@ -132,7 +132,9 @@ func (m *Module) check() error {
 			continue // added by bound
 		}
 		full := mod + "." + fn
-		m.imports = append(m.imports, full)
+		if !slices.Contains(m.imports, full) { // a guest may import one function twice
+			m.imports = append(m.imports, full)
+		}
 		want, ok := m.rt.hostFuncs[full]
 		if !ok {
 			return loadError(m.name, nil, "imports function %s, which this host does not provide (it provides http_handler.*, sandgate.* and wasi_snapshot_preview1.*; see transforms/wasm/README.md)", full)
@@ -201,8 +203,9 @@ func (m *Module) Config() []byte { return slices.Clone(m.config) }
 // request; those are not reported here.
 func (m *Module) Features() Features { return m.features }
 
-// Imports returns the functions the module imports, as "module.name".
-func (m *Module) Imports() []string { return slices.Clone(m.imports) }
+// Imports returns the functions the module imports, as "module.name",
+// sorted, each once (Go's wasip1 guests import fd_write twice).
+func (m *Module) Imports() []string { return slices.Sorted(slices.Values(m.imports)) }
 
 // Exports returns the names of the functions the module exports, sorted.
 func (m *Module) Exports() []string { return slices.Clone(m.exports) }

@@ -222,7 +222,7 @@ func cacheDir(dir string) (string, error) {
 		dir = filepath.Join(base, "sandgate", "wasm")
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return "", fmt.Errorf("wasm: compilation cache directory: %w (set another with CacheDir, or \"off\")", err)
+		return "", fmt.Errorf("wasm: compilation cache directory: %w (give another directory, or \"off\" for no cache)", err)
 	}
 	return dir, nil
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/sandgate/sandgate/internal/testkit/stacktest"
 	"github.com/sandgate/sandgate/internal/testkit/syncbuf"
 	"github.com/sandgate/sandgate/internal/testkit/tlstest"
+	"github.com/sandgate/sandgate/transforms/wasm"
 )
 
 // UpstreamHost is the name the service's DNS server gives the HTTPS
@@ -37,6 +38,10 @@ type Config struct {
 	Open  bool
 	// Tweak, when set, edits the server's configuration before it starts.
 	Tweak func(*server.Config)
+	// Modules, when set, compiles sandboxes' own WebAssembly modules
+	// (without it, the modules route answers 501). The caller closes it
+	// after Close.
+	Modules *wasm.Runtime
 }
 
 // Service is a running service. URL serves Handler; Close stops it all.
@@ -68,7 +73,7 @@ func Start(cfg Config) (s *Service, err error) {
 	if cfg.Tweak != nil {
 		cfg.Tweak(&scfg)
 	}
-	st, err := stacktest.Start(stacktest.Config{Server: scfg})
+	st, err := stacktest.Start(stacktest.Config{Server: scfg, Modules: cfg.Modules})
 	if err != nil {
 		return nil, err
 	}

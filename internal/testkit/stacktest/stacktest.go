@@ -1,7 +1,7 @@
 // Package stacktest starts, on loopback, what `sandgate serve` runs beneath
 // its HTTP server: a lifecycle manager over `sandgate sandbox` with a
-// directory store, the egress proxy with a loopback DNS server and
-// per-sandbox audit rings, and an HTTPS upstream for api.example.com (a
+// directory store, the egress proxy with a loopback DNS server and the
+// sandboxes' durable audit, and an HTTPS upstream for api.example.com (a
 // stand-in for a model API or a package registry) that echoes the
 // credential headers it received. internal/testkit/servetest puts the HTTP server
 // on top for clients' tests; api/server's own tests put theirs.
@@ -25,9 +25,11 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"sync"
 	"time"
 
+	"github.com/sandgate/sandgate/api/bridge"
 	"github.com/sandgate/sandgate/api/server"
 	"github.com/sandgate/sandgate/api/service"
 	"github.com/sandgate/sandgate/appliance"
@@ -63,8 +65,9 @@ type Config struct {
 	// in subdirectories; "" makes a temporary one that Close removes. A
 	// Dir given is left in place.
 	Dir string
-	// Rings is the audit events kept per sandbox; 0 means 200.
-	Rings int
+	// AuditFlush is how often running sandboxes' audit events are written
+	// to the store; 0 means the service's default.
+	AuditFlush time.Duration
 	// BaseURLs are the base URLs every sandbox gets; nil means
 	// ANTHROPIC_BASE_URL at the upstream.
 	BaseURLs map[string]string
@@ -82,6 +85,9 @@ type Config struct {
 	// InterceptCA, when set, is the interception CA (one kept in a
 	// directory, say, whose key a test searches for).
 	InterceptCA *ca.Authority
+	// Bridge configures the Cloudflare bridge's routes (its Key, the
+	// network of its sandboxes).
+	Bridge bridge.Config
 }
 
 // Stack is a running stack. Close it when done.
@@ -91,7 +97,7 @@ type Stack struct {
 	Manager  *appliance.Manager
 	Launcher *appliance.Launcher
 	Store    store.Store
-	Rings    *audit.Rings
+	Audit    *audit.Journals
 	// CA signed the upstream's certificate: a sandbox that speaks TLS to
 	// the upstream itself (through CONNECT) must trust it.
 	CA *tlstest.CA
@@ -199,10 +205,6 @@ func Start(cfg Config) (s *Stack, err error) {
 	if sc.Version == "" {
 		sc.Version = "test"
 	}
-	rings := cfg.Rings
-	if rings <= 0 {
-		rings = 200
-	}
 	s.InterceptCA = cfg.InterceptCA
 	if !cfg.NoIntercept && s.InterceptCA == nil {
 		if s.InterceptCA, err = ca.New(); err != nil {
@@ -212,15 +214,15 @@ func Start(cfg Config) (s *Stack, err error) {
 	s.Service, err = service.New(context.Background(), service.Config{
 		DNSServers: []string{dns.Addr}, DNSTimeout: 10 * time.Second, DialTimeout: 5 * time.Second,
 		AllowPrivate:  []netip.Prefix{netip.PrefixFrom(upAddr, 32)},
-		UpstreamRoots: s.CA.Pool, AuditLog: s.Log, AuditKeep: rings, Modules: cfg.Modules, InterceptCA: s.InterceptCA,
+		UpstreamRoots: s.CA.Pool, AuditLog: s.Log, AuditFlush: cfg.AuditFlush, Modules: cfg.Modules, InterceptCA: s.InterceptCA,
 		Store:    st,
 		Launcher: appliance.LauncherConfig{CLI: bin, AgentBinary: bin, StateDir: s.StateDir, PrivateDir: dir, Capture: !cfg.NoCapture},
-		Manager:  mc, Server: sc, Logger: s.Logger,
+		Manager:  mc, Server: sc, Bridge: cfg.Bridge, Logger: s.Logger,
 	})
 	if err != nil {
 		return nil, err
 	}
-	s.Manager, s.Launcher, s.Store, s.Rings = s.Service.Manager, s.Service.Launcher, st, s.Service.Audit
+	s.Manager, s.Launcher, s.Store, s.Audit = s.Service.Manager, s.Service.Launcher, st, s.Service.Audit
 	return s, nil
 }
 
@@ -269,8 +271,8 @@ func (s *Stack) Close() {
 // since a compressed layer hides its bytes.
 func StoreObjects(dir string, each func(name string, content []byte)) error {
 	return filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
-		if err != nil || !d.Type().IsRegular() {
-			return err
+		if err != nil || !d.Type().IsRegular() || strings.HasPrefix(d.Name(), ".") {
+			return err // hidden: the store's lock and temporary files
 		}
 		f, err := os.Open(path)
 		if err != nil {

@@ -1,0 +1,304 @@
+// Package forward sends a request for a sandbox another shard runs to that
+// shard, so that any shard answers any request: the front of the HTTP
+// service when several share one store (appliance/cluster).
+//
+// A request naming a sandbox (/v1/sandboxes/{name}/...) goes to the shard
+// holding the sandbox's lease: served here when that is this shard or
+// nobody (a suspended sandbox is resumed by whichever shard is asked),
+// forwarded otherwise, streams, exec frames, port tunnels and the TCP
+// bridge included. A create goes here while this shard has room, else to
+// a shard that has. A forwarded request carries HeaderForwarded and is
+// never forwarded again. Every answer about a sandbox says which shard
+// served it (HeaderOwner).
+package forward
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sandgate/sandgate/api"
+	"github.com/sandgate/sandgate/appliance/cluster"
+)
+
+// Headers of the forwarding (see package api).
+const (
+	HeaderOwner     = api.HeaderOwner
+	HeaderForwarded = api.HeaderForwarded
+)
+
+// Locator says where sandboxes run: *appliance.Manager.
+type Locator interface {
+	// Owner is the shard running sandbox id, local when it is this one
+	// or none.
+	Owner(ctx context.Context, id string) (shard cluster.Shard, local bool, err error)
+	// Place is where a new sandbox should start: here (local), else on
+	// one of others, in order.
+	Place(ctx context.Context) (others []cluster.Shard, local bool)
+	// Shard is this shard's id and URL.
+	Shard() (id, url string)
+}
+
+// Config is a front's.
+type Config struct {
+	Locator Locator
+	// Next serves what is served here: the HTTP service.
+	Next http.Handler
+	// Auth, when set, gives a forwarded request this shard's credentials
+	// for the peer at peerURL (on Cloud Run, an identity token for it);
+	// the client's own service token travels as it came.
+	Auth func(ctx context.Context, req *http.Request, peerURL string) error
+	// CacheFor is how long a sandbox's owner is remembered (default 1s):
+	// owners change only when a shard stops or dies.
+	CacheFor time.Duration
+	Logger   *slog.Logger
+}
+
+// Front is the forwarding front.
+type Front struct {
+	cfg   Config
+	log   *slog.Logger
+	self  string // this shard's HeaderOwner value
+	id    string
+	proxy *httputil.ReverseProxy
+	hc    *http.Client // forwarded creates
+
+	mu     sync.Mutex
+	owners map[string]owned
+}
+
+type owned struct {
+	shard cluster.Shard
+	local bool
+	until time.Time
+}
+
+// peerKey carries a forwarded request's peer through the reverse proxy.
+type peerKey struct{}
+
+// New makes a front.
+func New(cfg Config) *Front {
+	if cfg.CacheFor <= 0 {
+		cfg.CacheFor = time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	id, u := cfg.Locator.Shard()
+	f := &Front{cfg: cfg, log: cfg.Logger, id: id, self: u, owners: map[string]owned{},
+		hc: &http.Client{Timeout: 10 * time.Minute, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}}
+	if f.self == "" {
+		f.self = id
+	}
+	f.proxy = &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			peer := pr.In.Context().Value(peerKey{}).(*url.URL)
+			pr.SetURL(peer)
+			pr.Out.Host = peer.Host
+			pr.Out.Header.Set(HeaderForwarded, f.id)
+			// The client's identity at the front (Cloud Run's IAM) is not
+			// for the peer; Auth gives this shard's own.
+			pr.Out.Header.Del("Authorization")
+			if f.cfg.Auth != nil {
+				if err := f.cfg.Auth(pr.Out.Context(), pr.Out, peer.String()); err != nil {
+					f.log.Warn("forwarding: no credentials for the peer", "peer", peer.String(), "err", err)
+				}
+			}
+		},
+		// A sandbox suspended or destroyed there is nobody's: its next
+		// request is served where it arrives.
+		ModifyResponse: func(resp *http.Response) error {
+			if r := resp.Request; r != nil && (r.Method == http.MethodDelete && strings.Count(strings.TrimPrefix(strings.TrimPrefix(r.URL.Path, "/v1/sandboxes/"), "/v1/sandbox/"), "/") == 0 ||
+				r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/suspend")) {
+				f.forget(sandboxOf(r))
+			}
+			return nil
+		},
+		FlushInterval: -1, // exec frames and streams as they come
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			peer := r.Context().Value(peerKey{}).(*url.URL)
+			f.forget(sandboxOf(r))
+			f.log.Warn("forwarding to the shard that runs the sandbox failed", "peer", peer.String(), "path", r.URL.Path, "err", err)
+			w.Header().Set("Retry-After", "1")
+			writeError(w, http.StatusServiceUnavailable, fmt.Sprintf("the shard running this sandbox (%s) did not answer: %v; retry (if it is gone, another shard resumes the sandbox once its lease expires)", peer.Host, err))
+		},
+		ErrorLog: slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelDebug),
+	}
+	return f
+}
+
+// sandboxOf is the sandbox a request names, "" for none: protocol 1's and
+// sandgate's /v1/sandboxes/{name}/..., and the Cloudflare bridge's
+// /v1/sandbox/{id}/....
+func sandboxOf(r *http.Request) string {
+	rest, ok := strings.CutPrefix(r.URL.Path, "/v1/sandboxes/")
+	if !ok {
+		if rest, ok = strings.CutPrefix(r.URL.Path, "/v1/sandbox/"); !ok {
+			return ""
+		}
+	}
+	name, _, _ := strings.Cut(rest, "/")
+	return name
+}
+
+// isCreate says whether r creates a sandbox (protocol 1's create, or the
+// bridge's).
+func isCreate(r *http.Request) bool {
+	p := strings.TrimSuffix(r.URL.Path, "/")
+	return r.Method == http.MethodPost && (p == "/v1/sandboxes" || p == "/v1/sandbox")
+}
+
+func (f *Front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Header.Get(HeaderForwarded) != "" {
+		f.local(w, r)
+		return
+	}
+	if isCreate(r) {
+		f.create(w, r)
+		return
+	}
+	id := sandboxOf(r)
+	if id == "" {
+		f.cfg.Next.ServeHTTP(w, r)
+		return
+	}
+	shard, local, err := f.owner(r.Context(), id)
+	if err != nil {
+		f.log.Warn("could not tell which shard runs the sandbox; serving here", "sandbox", id, "err", err)
+	}
+	if local || err != nil {
+		f.local(w, r)
+		return
+	}
+	f.forward(w, r, shard)
+}
+
+// local serves r here, saying so.
+func (f *Front) local(w http.ResponseWriter, r *http.Request) {
+	if sandboxOf(r) != "" || isCreate(r) {
+		w.Header().Set(HeaderOwner, f.self)
+	}
+	f.cfg.Next.ServeHTTP(w, r)
+}
+
+// create serves a create here while this shard has room, else on the
+// first of the others with room that takes it (a shard that filled since
+// its last heartbeat answers 503: the next is tried). With no room
+// anywhere, the service here answers 503.
+func (f *Front) create(w http.ResponseWriter, r *http.Request) {
+	others, local := f.cfg.Locator.Place(r.Context())
+	if local || len(others) == 0 {
+		f.local(w, r)
+		return
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxCreateBody+1))
+	if err != nil || len(body) > maxCreateBody {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("reading the request: %v (at most %d bytes)", err, maxCreateBody))
+		return
+	}
+	for _, s := range others {
+		resp, err := f.send(r, s, body)
+		if err != nil {
+			f.log.Warn("forwarding a create to a shard with room failed; trying the next", "shard", s.ID, "err", err)
+			continue
+		}
+		if resp.StatusCode == http.StatusServiceUnavailable {
+			resp.Body.Close()
+			continue // full since its heartbeat
+		}
+		defer resp.Body.Close()
+		for k, v := range resp.Header {
+			w.Header()[k] = v
+		}
+		w.WriteHeader(resp.StatusCode)
+		io.Copy(w, resp.Body)
+		return
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	f.local(w, r)
+}
+
+// maxCreateBody bounds a create's body, which a forwarded create buffers.
+const maxCreateBody = 1 << 20
+
+// send sends a copy of r, with body, to shard s.
+func (f *Front) send(r *http.Request, s cluster.Shard, body []byte) (*http.Response, error) {
+	peer, err := url.Parse(s.URL)
+	if err != nil {
+		return nil, err
+	}
+	out := r.Clone(r.Context())
+	out.RequestURI = ""
+	out.URL.Scheme, out.URL.Host, out.Host = peer.Scheme, peer.Host, peer.Host
+	out.Body, out.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
+	out.Header.Set(HeaderForwarded, f.id)
+	out.Header.Del("Authorization")
+	if f.cfg.Auth != nil {
+		if err := f.cfg.Auth(out.Context(), out, peer.String()); err != nil {
+			return nil, err
+		}
+	}
+	return f.hc.Do(out)
+}
+
+// owner is who runs sandbox id, remembered for CacheFor.
+func (f *Front) owner(ctx context.Context, id string) (cluster.Shard, bool, error) {
+	f.mu.Lock()
+	o, ok := f.owners[id]
+	f.mu.Unlock()
+	if ok && time.Now().Before(o.until) {
+		return o.shard, o.local, nil
+	}
+	shard, local, err := f.cfg.Locator.Owner(ctx, id)
+	if err != nil {
+		return shard, local, err
+	}
+	if !local && shard.URL == "" {
+		return shard, false, fmt.Errorf("sandbox %s runs on shard %s, which gave no URL (SANDGATE_SHARD_URL)", id, shard.ID)
+	}
+	f.mu.Lock()
+	if len(f.owners) > 10000 {
+		clear(f.owners)
+	}
+	f.owners[id] = owned{shard: shard, local: local, until: time.Now().Add(f.cfg.CacheFor)}
+	f.mu.Unlock()
+	return shard, local, nil
+}
+
+// forget drops what is remembered of id's owner.
+func (f *Front) forget(id string) {
+	if id == "" {
+		return
+	}
+	f.mu.Lock()
+	delete(f.owners, id)
+	f.mu.Unlock()
+}
+
+// forward sends r to shard.
+func (f *Front) forward(w http.ResponseWriter, r *http.Request, shard cluster.Shard) {
+	peer, err := url.Parse(shard.URL)
+	if err != nil || (peer.Scheme != "http" && peer.Scheme != "https") || peer.Host == "" {
+		writeError(w, http.StatusInternalServerError, fmt.Sprintf("shard %s has URL %q: want http(s)://host[:port]", shard.ID, shard.URL))
+		return
+	}
+	// Streams in both directions (exec's stdin beside its output).
+	http.NewResponseController(w).EnableFullDuplex()
+	f.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), peerKey{}, peer)))
+}
+
+func writeError(w http.ResponseWriter, code int, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set(api.HeaderProtocol, "1")
+	w.WriteHeader(code)
+	json.NewEncoder(w).Encode(api.Error{Error: msg})
+}

@@ -1,0 +1,222 @@
+package appliance
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"regexp"
+	"slices"
+	"sync"
+
+	"github.com/sandgate/sandgate/snapshot/store"
+)
+
+// Session is a named working directory and set of variables for a
+// sandbox's commands (the Cloudflare bridge's sessions): a front door
+// looks it up and runs a command with them. Sessions are kept in the
+// store beside the sandbox's record, so they outlive a suspend, a resume
+// and a restart of the service; destroying the sandbox removes them.
+type Session struct {
+	// Dir is the working directory of the session's commands; "" means
+	// the front door's default.
+	Dir string `json:"cwd,omitempty"`
+	// Env are its variables, name → value, on top of what every command
+	// gets.
+	Env map[string]string `json:"env,omitempty"`
+}
+
+// MaxSessions caps the sessions of one sandbox: their record is read
+// whole.
+const MaxSessions = 256
+
+// sessionName is what a session may be called: the bridge's rule for its
+// Session-Id header.
+var sessionName = regexp.MustCompile(`^[a-zA-Z0-9._-]{1,128}$`)
+
+// envName is a variable name sessions may set.
+var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+func sessionsKey(id string) string { return "sessions/" + id + ".json" }
+
+// sessionFile is what the store keeps of a sandbox's sessions.
+type sessionFile struct {
+	Sessions map[string]Session `json:"sessions"`
+}
+
+// sessionTable is a running sandbox's sessions, read from the store once
+// (the manager is their one writer while the sandbox runs here).
+type sessionTable struct {
+	mu     sync.Mutex
+	loaded bool
+	m      map[string]Session
+}
+
+// CreateSession records session name of running sandbox id. Its
+// directory and variables pass the credential guard (they are bound for
+// the sandbox); a name that exists is ErrExists, a bad name or variable
+// name ErrBadInput.
+func (m *Manager) CreateSession(ctx context.Context, id, name string, s Session) error {
+	if !sessionName.MatchString(name) || name == "." || name == ".." {
+		return fmt.Errorf("%w: session name %q: want 1 to 128 letters, digits, '.', '_' or '-'", ErrBadInput, name)
+	}
+	for k := range s.Env {
+		if !envName.MatchString(k) {
+			return fmt.Errorf("%w: variable name %q: names are letters, digits and _, not starting with a digit", ErrBadInput, k)
+		}
+	}
+	b, release, err := m.acquire(ctx, id)
+	if err != nil {
+		return err
+	}
+	defer release()
+	sb := b.live.Load()
+	if sb == nil {
+		return fmt.Errorf("%w: sandbox %q is not running", ErrNotRunning, id)
+	}
+	g := sb.relay.Transforms().Guard()
+	if err := g.Check(whereDir, s.Dir); err != nil {
+		return err
+	}
+	env := make([]string, 0, len(s.Env))
+	for _, k := range slices.Sorted(maps.Keys(s.Env)) {
+		env = append(env, k+"="+s.Env[k])
+	}
+	if err := g.Check(whereEnv, env...); err != nil {
+		return err
+	}
+	t := &b.sessions
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if err := m.loadSessions(ctx, id, t); err != nil {
+		return err
+	}
+	if _, ok := t.m[name]; ok {
+		return fmt.Errorf("%w: session %q of sandbox %q exists", ErrExists, name, id)
+	}
+	if len(t.m) >= MaxSessions {
+		return fmt.Errorf("%w: sandbox %q has %d sessions already; delete one", ErrBadInput, id, MaxSessions)
+	}
+	next := maps.Clone(t.m)
+	next[name] = Session{Dir: s.Dir, Env: maps.Clone(s.Env)}
+	if err := m.writeSessions(ctx, id, next); err != nil {
+		return err
+	}
+	t.m = next
+	return nil
+}
+
+// Session returns session name of running sandbox id: ErrNotRunning, or
+// ErrNotFound for a session it does not have.
+func (m *Manager) Session(ctx context.Context, id, name string) (Session, error) {
+	m.mu.Lock()
+	b := m.boxes[id]
+	m.mu.Unlock()
+	if b == nil || b.live.Load() == nil {
+		return Session{}, fmt.Errorf("%w: sandbox %q is not running", ErrNotRunning, id)
+	}
+	t := &b.sessions
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if err := m.loadSessions(ctx, id, t); err != nil {
+		return Session{}, err
+	}
+	s, ok := t.m[name]
+	if !ok {
+		return Session{}, fmt.Errorf("%w: sandbox %q has no session %q", ErrNotFound, id, name)
+	}
+	return Session{Dir: s.Dir, Env: maps.Clone(s.Env)}, nil
+}
+
+// DeleteSession removes session name of running sandbox id; one it does
+// not have is ErrNotFound.
+func (m *Manager) DeleteSession(ctx context.Context, id, name string) error {
+	b, release, err := m.acquire(ctx, id)
+	if err != nil {
+		return err
+	}
+	defer release()
+	if b.live.Load() == nil {
+		return fmt.Errorf("%w: sandbox %q is not running", ErrNotRunning, id)
+	}
+	t := &b.sessions
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if err := m.loadSessions(ctx, id, t); err != nil {
+		return err
+	}
+	if _, ok := t.m[name]; !ok {
+		return fmt.Errorf("%w: sandbox %q has no session %q", ErrNotFound, id, name)
+	}
+	next := maps.Clone(t.m)
+	delete(next, name)
+	if err := m.writeSessions(ctx, id, next); err != nil {
+		return err
+	}
+	t.m = next
+	return nil
+}
+
+// loadSessions reads sandbox id's sessions into t once (t.mu held).
+func (m *Manager) loadSessions(ctx context.Context, id string, t *sessionTable) error {
+	if t.loaded {
+		return nil
+	}
+	t.m = map[string]Session{}
+	rc, err := m.st.Get(ctx, sessionsKey(id))
+	if errors.Is(err, store.ErrNotFound) {
+		t.loaded = true
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("%w: reading %s: %v", ErrStore, sessionsKey(id), err)
+	}
+	defer rc.Close()
+	data, err := io.ReadAll(io.LimitReader(rc, 4<<20))
+	if err != nil {
+		return fmt.Errorf("%w: reading %s: %v", ErrStore, sessionsKey(id), err)
+	}
+	var f sessionFile
+	if err := json.Unmarshal(data, &f); err != nil {
+		return fmt.Errorf("%w: %s is not a sessions record: %v", ErrStore, sessionsKey(id), err)
+	}
+	if f.Sessions != nil {
+		t.m = f.Sessions
+	}
+	t.loaded = true
+	return nil
+}
+
+// writeSessions replaces sandbox id's sessions in the store (none: the
+// object is removed).
+func (m *Manager) writeSessions(ctx context.Context, id string, s map[string]Session) error {
+	if len(s) == 0 {
+		if err := m.st.Delete(ctx, sessionsKey(id)); err != nil && !errors.Is(err, store.ErrNotFound) {
+			return fmt.Errorf("%w: removing %s: %v", ErrStore, sessionsKey(id), err)
+		}
+		return nil
+	}
+	data, err := json.Marshal(sessionFile{Sessions: s})
+	if err != nil {
+		return err
+	}
+	if _, err := m.st.Put(ctx, sessionsKey(id), bytes.NewReader(data), store.PutOptions{}); err != nil {
+		return fmt.Errorf("%w: writing %s: %v", ErrStore, sessionsKey(id), err)
+	}
+	return nil
+}
+
+// dropSessions removes sandbox id's sessions (b's lock held): it is being
+// destroyed.
+func (m *Manager) dropSessions(ctx context.Context, b *box) error {
+	b.sessions.mu.Lock()
+	defer b.sessions.mu.Unlock()
+	b.sessions.loaded, b.sessions.m = false, nil
+	if err := m.st.Delete(ctx, sessionsKey(b.id)); err != nil && !errors.Is(err, store.ErrNotFound) {
+		return fmt.Errorf("%w: removing %s: %v", ErrStore, sessionsKey(b.id), err)
+	}
+	return nil
+}
