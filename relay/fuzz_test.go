@@ -164,7 +164,10 @@ func FuzzInterceptHello(f *testing.F) {
 		client, server := net.Pipe()
 		done := make(chan struct{})
 		before := len(rings.Events("fuzz"))
-		go func() { p.ServeCaptured(context.Background(), server, tenant, "api.example.com", 443, Peer{}); close(done) }()
+		go func() {
+			p.ServeCaptured(context.Background(), server, tenant, "api.example.com", 443, Peer{})
+			close(done)
+		}()
 		go func() {
 			client.SetDeadline(time.Now().Add(2 * time.Second))
 			client.Write(data)

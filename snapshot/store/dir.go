@@ -282,6 +282,7 @@ func (d *Dir) Put(ctx context.Context, name string, r io.Reader, opts PutOptions
 // copyBufs are Put's copy buffers: a put of a small object (an audit
 // segment, a record) does not allocate and clear a MiB.
 var copyBufs = sync.Pool{New: func() any { b := make([]byte, 1<<20); return &b }}
+
 // precondition checks opts' preconditions against the object name as it
 // is now.
 func (d *Dir) precondition(name string, opts PutOptions) error {
