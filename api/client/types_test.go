@@ -20,7 +20,7 @@ import (
 func TestAuditEventMirrorsTheService(t *testing.T) {
 	e := audit.Event{Time: time.Unix(1, 5).UTC(), Sandbox: "s", Kind: audit.Route, Allow: true, Code: "c", Reason: "r", Host: "h", Port: 443,
 		PID: 1, Cmd: "npm i", Method: "GET", Path: "/", Rule: "x", Module: "m", Addr: "1.2.3.4:443", Status: 200, BytesIn: 1, BytesOut: 2,
-		Duration: time.Millisecond, DNSTime: time.Microsecond, Transforms: []string{"t"}, Notes: []string{"n"}, NotesDropped: 1, Error: "e"}
+		Duration: time.Millisecond, DNSTime: time.Microsecond, Transforms: []string{"t"}, Notes: []string{"n"}, NotesDropped: 1, Error: "e", InterceptRule: "i"}
 	line := bytes.TrimSuffix(audit.AppendJSON(nil, &e), []byte("\n"))
 	var svc map[string]any
 	if err := json.Unmarshal(line, &svc); err != nil {
