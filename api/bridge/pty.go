@@ -16,6 +16,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/sandgate/sandgate/appliance"
+	"github.com/sandgate/sandgate/internal/wsconn"
 )
 
 // The contract's terminal: GET /v1/sandbox/{id}/pty?cols=&rows=&shell=
@@ -197,18 +198,8 @@ func (b *Bridge) pty(w http.ResponseWriter, r *http.Request) error {
 			}
 		}
 	}()
-	buf := make([]byte, ptyChunk)
-	for {
-		n, rerr := term.Read(buf)
-		if n > 0 {
-			if err := ws.Write(ctx, websocket.MessageBinary, buf[:n]); err != nil {
-				term.Close()
-				break
-			}
-		}
-		if rerr != nil {
-			break
-		}
+	if wsconn.Send(ctx, ws, term, ptyChunk) != nil {
+		term.Close() // the caller is gone: hang up
 	}
 	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	code, err := term.Wait(wctx)

@@ -13,6 +13,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/sandgate/sandgate/appliance"
+	"github.com/sandgate/sandgate/internal/wsconn"
 )
 
 // The PTY route: a command on a terminal of its own, over a WebSocket.
@@ -188,18 +189,8 @@ func (s *Server) pty(w http.ResponseWriter, r *http.Request) error {
 	in := &terminalIn{ws: ws, term: term}
 	input := make(chan struct{})
 	go func() { defer close(input); in.run(ctx) }()
-	buf := make([]byte, ptyChunk)
-	for {
-		n, rerr := term.Read(buf)
-		if n > 0 {
-			if err := ws.Write(ctx, websocket.MessageBinary, buf[:n]); err != nil {
-				term.Close() // the caller is gone: hang up
-				break
-			}
-		}
-		if rerr != nil {
-			break
-		}
+	if wsconn.Send(ctx, ws, term, ptyChunk) != nil {
+		term.Close() // the caller is gone: hang up
 	}
 	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	code, err := term.Wait(wctx)

@@ -6,6 +6,7 @@ package wsconn
 import (
 	"context"
 	"errors"
+	"io"
 	"net"
 
 	"github.com/coder/websocket"
@@ -38,4 +39,23 @@ func (c *Conn) Close() error {
 		err = nil
 	}
 	return err
+}
+
+// Send writes what r yields to ws as binary messages of at most chunk
+// bytes each, until r ends (io.EOF or another error: nil is returned) or a
+// write fails (its error is returned: the peer is gone). A terminal's
+// output goes to its caller this way.
+func Send(ctx context.Context, ws *websocket.Conn, r io.Reader, chunk int) error {
+	buf := make([]byte, chunk)
+	for {
+		n, rerr := r.Read(buf)
+		if n > 0 {
+			if err := ws.Write(ctx, websocket.MessageBinary, buf[:n]); err != nil {
+				return err
+			}
+		}
+		if rerr != nil {
+			return nil
+		}
+	}
 }
