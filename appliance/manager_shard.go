@@ -231,11 +231,8 @@ func (b *box) leaseEpoch() string {
 // another live shard (its id and URL) that requests for it go to. A
 // sandbox nobody runs (suspended, or unknown) is this shard's to serve.
 func (m *Manager) Owner(ctx context.Context, id string) (shard cluster.Shard, local bool, err error) {
-	m.mu.Lock()
-	b := m.boxes[id]
-	m.mu.Unlock()
 	me := cluster.Shard{ID: m.c.ID(), URL: m.c.URL()}
-	if b != nil && b.getState() != "" {
+	if m.Runs(id) {
 		return me, true, nil
 	}
 	s, ok, err := m.c.Holder(ctx, id)
@@ -246,6 +243,15 @@ func (m *Manager) Owner(ctx context.Context, id string) (shard cluster.Shard, lo
 		return me, true, nil
 	}
 	return s, false, nil
+}
+
+// Runs says whether sandbox id is this shard's now: starting, running or
+// being saved here.
+func (m *Manager) Runs(id string) bool {
+	m.mu.Lock()
+	b := m.boxes[id]
+	m.mu.Unlock()
+	return b != nil && b.getState() != ""
 }
 
 // Place says where a new sandbox should start: here while this shard has

@@ -309,7 +309,6 @@ func TestShardsOverOneStore(t *testing.T) {
 		}
 	}
 
-	// A sandbox of each shard runs a writer.
 	pick := func(shard string) string {
 		for _, name := range names {
 			if owner[name] == shard {
@@ -319,6 +318,30 @@ func TestShardsOverOneStore(t *testing.T) {
 		t.Fatalf("no sandbox on %s", shard)
 		return ""
 	}
+	// A suspended sandbox asked for at a full shard is resumed where
+	// there is room: a is full again once one of its sandboxes is
+	// suspended and another created in its place; one of b's goes, and b
+	// resumes the suspended one.
+	moved, gone := pick("a"), pick("b")
+	if code, body, _ := c.call("a", "POST", "/v1/sandboxes/"+moved+"/suspend", ""); code != 204 {
+		t.Fatalf("suspend %s via a: %d %s", moved, code, body)
+	}
+	if code, body, o := c.call("a", "POST", "/v1/sandboxes", `{"name":"fill"}`); code != 201 || o != "a" {
+		t.Fatalf("create fill via a: %d %s, on %s", code, body, o)
+	}
+	if code, body, _ := c.call("a", "DELETE", "/v1/sandboxes/"+gone, ""); code != 204 {
+		t.Fatalf("destroy %s via a: %d %s", gone, code, body)
+	}
+	if o := c.resume("a", moved); o != "b" {
+		t.Fatalf("%s resumed via a, which is full, runs on %s; want b, which has room", moved, o)
+	}
+	if out, _, _ := c.exec("a", moved, "cat /workspace/n"); out != "42\n" {
+		t.Errorf("%s resumed on b: %q", moved, out)
+	}
+	owner[moved], owner["fill"] = "b", "a"
+	names = append(slices.DeleteFunc(names, func(n string) bool { return n == gone }), "fill")
+
+	// A sandbox of each shard runs a writer.
 	wa, wb, wc := pick("a"), pick("b"), pick("c")
 	// The others go, leaving every shard room to take a writer's sandbox.
 	for _, name := range names {

@@ -4,8 +4,8 @@
 //
 // A request naming a sandbox (/v1/sandboxes/{name}/...) goes to the shard
 // holding the sandbox's lease: served here when that is this shard or
-// nobody (a suspended sandbox is resumed by whichever shard is asked),
-// forwarded otherwise, streams, exec frames, port tunnels and the TCP
+// nobody (a suspended sandbox is resumed by whichever shard is asked, or,
+// when that one is full, by a shard with room), forwarded otherwise, streams, exec frames, port tunnels and the TCP
 // bridge included. A create goes here while this shard has room, else to
 // a shard that has. A forwarded request carries HeaderForwarded and is
 // never forwarded again. Every answer about a sandbox says which shard
@@ -41,6 +41,9 @@ type Locator interface {
 	// Owner is the shard running sandbox id, local when it is this one
 	// or none.
 	Owner(ctx context.Context, id string) (shard cluster.Shard, local bool, err error)
+	// Runs says whether sandbox id is this shard's now (starting,
+	// running or being saved).
+	Runs(id string) bool
 	// Place is where a new sandbox should start: here (local), else on
 	// one of others, in order.
 	Place(ctx context.Context) (others []cluster.Shard, local bool)
@@ -174,6 +177,14 @@ func (f *Front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	shard, local, err := f.owner(r.Context(), id)
 	if err != nil {
 		f.log.Warn("could not tell which shard runs the sandbox; serving here", "sandbox", id, "err", err)
+	}
+	if local && err == nil && !f.cfg.Locator.Runs(id) {
+		// Nobody runs it (suspended, or unknown): it is resumed where it
+		// is asked while this shard has room, else where there is.
+		if others, room := f.cfg.Locator.Place(r.Context()); !room && len(others) > 0 {
+			f.forward(w, r, others[0])
+			return
+		}
 	}
 	if local || err != nil {
 		f.local(w, r)
