@@ -100,6 +100,7 @@ func newRig(bin string) (_ *rig, err error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	r.stopStandalone, r.served = cancel, make(chan error, 1)
 	tenant := relay.NewTenant("standalone", r.policy, nil)
+	r.audit.Open("standalone") // its events are kept, as a sandbox's are
 	go func() { r.served <- r.proxy.Serve(ctx, ln, tenant) }()
 	r.closers = append(r.closers, func() {
 		cancel()
