@@ -151,6 +151,11 @@ func (m *Manager) publish(ctx context.Context, b *box, sb *Sandbox, so startOpti
 	}
 	m.openAudit(b.id)
 	sb.setDeadline(m.c.Safe())
+	// Its sessions are read again from the store: another shard may have
+	// changed them since this one last ran it.
+	b.sessions.mu.Lock()
+	b.sessions.loaded = false
+	b.sessions.mu.Unlock()
 	b.live.Store(sb)
 	b.state.Store(Running)
 	m.mu.Lock()

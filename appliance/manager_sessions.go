@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"maps"
 	"regexp"
 	"slices"
@@ -48,11 +47,15 @@ type sessionFile struct {
 }
 
 // sessionTable is a running sandbox's sessions, read from the store once
-// (the manager is their one writer while the sandbox runs here).
+// (the manager is their one writer while the sandbox runs here). gen is
+// the generation of their object as last read or written (0: none): a
+// write is made only on it, so that a shard that lost the sandbox to
+// another never overwrites the new owner's sessions.
 type sessionTable struct {
 	mu     sync.Mutex
 	loaded bool
 	m      map[string]Session
+	gen    int64
 }
 
 // CreateSession records session name of running sandbox id. Its
@@ -102,7 +105,7 @@ func (m *Manager) CreateSession(ctx context.Context, id, name string, s Session)
 	}
 	next := maps.Clone(t.m)
 	next[name] = Session{Dir: s.Dir, Env: maps.Clone(s.Env)}
-	if err := m.writeSessions(ctx, id, next); err != nil {
+	if err := m.writeSessions(ctx, id, t, next); err != nil {
 		return err
 	}
 	t.m = next
@@ -153,7 +156,7 @@ func (m *Manager) DeleteSession(ctx context.Context, id, name string) error {
 	}
 	next := maps.Clone(t.m)
 	delete(next, name)
-	if err := m.writeSessions(ctx, id, next); err != nil {
+	if err := m.writeSessions(ctx, id, t, next); err != nil {
 		return err
 	}
 	t.m = next
@@ -165,17 +168,12 @@ func (m *Manager) loadSessions(ctx context.Context, id string, t *sessionTable) 
 	if t.loaded {
 		return nil
 	}
-	t.m = map[string]Session{}
-	rc, err := m.st.Get(ctx, sessionsKey(id))
+	t.m, t.gen = map[string]Session{}, 0
+	data, in, err := m.st.Read(ctx, sessionsKey(id), 4<<20)
 	if errors.Is(err, store.ErrNotFound) {
 		t.loaded = true
 		return nil
 	}
-	if err != nil {
-		return fmt.Errorf("%w: reading %s: %v", ErrStore, sessionsKey(id), err)
-	}
-	defer rc.Close()
-	data, err := io.ReadAll(io.LimitReader(rc, 4<<20))
 	if err != nil {
 		return fmt.Errorf("%w: reading %s: %v", ErrStore, sessionsKey(id), err)
 	}
@@ -186,26 +184,39 @@ func (m *Manager) loadSessions(ctx context.Context, id string, t *sessionTable) 
 	if f.Sessions != nil {
 		t.m = f.Sessions
 	}
-	t.loaded = true
+	t.gen, t.loaded = in.Generation, true
 	return nil
 }
 
-// writeSessions replaces sandbox id's sessions in the store (none: the
-// object is removed).
-func (m *Manager) writeSessions(ctx context.Context, id string, s map[string]Session) error {
-	if len(s) == 0 {
-		if err := m.st.Delete(ctx, sessionsKey(id)); err != nil && !errors.Is(err, store.ErrNotFound) {
-			return fmt.Errorf("%w: removing %s: %v", ErrStore, sessionsKey(id), err)
-		}
+// writeSessions replaces sandbox id's sessions in the store with s (none:
+// the object is removed), only if their object is still the one t last
+// read or wrote (t.mu held): otherwise another shard runs the sandbox now
+// and this one's sessions are stale (ErrRecordChanged, and t is read
+// again next time).
+func (m *Manager) writeSessions(ctx context.Context, id string, t *sessionTable, s map[string]Session) error {
+	key := sessionsKey(id)
+	var err error
+	var in store.Info
+	switch {
+	case len(s) == 0 && t.gen == 0:
 		return nil
+	case len(s) == 0:
+		err = m.st.DeleteIf(ctx, key, t.gen)
+	default:
+		var data []byte
+		if data, err = json.Marshal(sessionFile{Sessions: s}); err != nil {
+			return err
+		}
+		in, err = m.st.Put(ctx, key, bytes.NewReader(data), store.PutOptions{IfGenerationMatch: t.gen, IfNotExist: t.gen == 0})
 	}
-	data, err := json.Marshal(sessionFile{Sessions: s})
-	if err != nil {
-		return err
+	switch {
+	case errors.Is(err, store.ErrPreconditionFailed), len(s) == 0 && errors.Is(err, store.ErrNotFound):
+		t.loaded = false
+		return fmt.Errorf("%w: %w (%s)", ErrStore, ErrRecordChanged, key)
+	case err != nil:
+		return fmt.Errorf("%w: writing %s: %v", ErrStore, key, err)
 	}
-	if _, err := m.st.Put(ctx, sessionsKey(id), bytes.NewReader(data), store.PutOptions{}); err != nil {
-		return fmt.Errorf("%w: writing %s: %v", ErrStore, sessionsKey(id), err)
-	}
+	t.gen = in.Generation // 0 once removed
 	return nil
 }
 
@@ -214,7 +225,7 @@ func (m *Manager) writeSessions(ctx context.Context, id string, s map[string]Ses
 func (m *Manager) dropSessions(ctx context.Context, b *box) error {
 	b.sessions.mu.Lock()
 	defer b.sessions.mu.Unlock()
-	b.sessions.loaded, b.sessions.m = false, nil
+	b.sessions.loaded, b.sessions.m, b.sessions.gen = false, nil, 0
 	if err := m.st.Delete(ctx, sessionsKey(b.id)); err != nil && !errors.Is(err, store.ErrNotFound) {
 		return fmt.Errorf("%w: removing %s: %v", ErrStore, sessionsKey(b.id), err)
 	}
