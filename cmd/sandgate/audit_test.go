@@ -175,4 +175,27 @@ func TestAuditVerb(t *testing.T) {
 	if code := <-followed; code != 0 || !strings.Contains(stderr.String(), "is suspended") {
 		t.Errorf("audit -f: exit %d, stderr %q", code, stderr.String())
 	}
+
+	// -f on a sandbox that is destroyed: it says so, rather than
+	// exiting silently.
+	pr2, pw2 := io.Pipe()
+	var stderr2 bytes.Buffer
+	followed2 := make(chan int, 1)
+	go func() {
+		followed2 <- execute(ctx, newApp(pw2, &stderr2), []string{"sandgate", "audit", "-f", name, "--url", s.URL, "--token", s.Token})
+		pw2.Close()
+	}()
+	sc = bufio.NewScanner(pr2)
+	for range 3 {
+		if !sc.Scan() {
+			t.Fatalf("audit -f ended: %q", stderr2.String())
+		}
+	}
+	if err := cl.Destroy(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	go io.Copy(io.Discard, pr2)
+	if code := <-followed2; code != 0 || !strings.Contains(stderr2.String(), name+" was destroyed") {
+		t.Errorf("audit -f of a destroyed sandbox: exit %d, stderr %q", code, stderr2.String())
+	}
 }

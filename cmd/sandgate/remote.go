@@ -757,6 +757,7 @@ func runAudit(c *cli.Context) error {
 		}
 		events = cl.FollowAudit(c.Context, name, q)
 	}
+	var last time.Time
 	for e, err := range events {
 		if err != nil {
 			return err
@@ -764,8 +765,33 @@ func runAudit(c *cli.Context) error {
 		if err := show(e); err != nil {
 			return err
 		}
+		last = e.Time
 	}
-	return nil
+	if !c.Bool("follow") || c.Context.Err() != nil {
+		return nil
+	}
+	// The service ended the stream: the sandbox was destroyed, or the
+	// service is stopping. Either way the reader is told, not left with a
+	// silent exit.
+	if _, err := cl.Info(c.Context, name); errors.Is(err, client.ErrSandboxNotFound) {
+		fmt.Fprintf(c.App.ErrWriter, "sandgate: %s was destroyed: its audit went with it\n", name)
+		return nil
+	}
+	again := "sandgate audit -f " + name
+	for _, f := range []string{"until", "decision", "host"} {
+		if v := c.String(f); v != "" {
+			again += " --" + f + " " + shellQuote(v)
+		}
+	}
+	if c.Bool("json") {
+		again += " --json"
+	}
+	if since := c.String("since"); !last.IsZero() {
+		again += " --since " + last.UTC().Format(time.RFC3339Nano) + " (which prints the last event again)"
+	} else if since != "" {
+		again += " --since " + shellQuote(since)
+	}
+	return fmt.Errorf("the service ended the audit stream of %s (it is stopping or restarting); to go on: %s", name, again)
 }
 
 // parseWhen reads a --since or --until TIME: an RFC 3339 time, a date or

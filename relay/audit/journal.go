@@ -370,6 +370,7 @@ func (js *Journals) write(ctx context.Context, j *journal, growing bool) error {
 	done := map[*segment]bool{}
 	for {
 		j.mu.Lock()
+		j.letGoStored()
 		var s *segment
 		for _, c := range j.segs {
 			if !done[c] && c.stored < c.size && (c.sealed || growing || j.closing) {
@@ -407,17 +408,23 @@ func (js *Journals) write(ctx context.Context, j *journal, growing bool) error {
 			js.cfg.Logger.Warn("the audit store takes writes again", "sandbox", j.id, "dropped_events", j.dropped)
 			j.dropped = 0
 		}
-		if s.sealed && s.stored == s.size {
-			for i, c := range j.segs {
-				if c == s {
-					j.segs = append(j.segs[:i], j.segs[i+1:]...)
-					s.release()
-					break
-				}
-			}
-		}
+		j.letGoStored()
 		j.mu.Unlock()
 	}
+}
+
+// letGoStored drops the sealed segments the store holds whole and that no
+// write is reading: among them one being filled that a periodic write had
+// stored whole before a suspend sealed it (a sandbox idle before its
+// suspend), which no write would pick again. The caller holds j.mu.
+func (j *journal) letGoStored() {
+	j.segs = slices.DeleteFunc(j.segs, func(s *segment) bool {
+		if s.sealed && !s.writing && s.stored == s.size {
+			s.release()
+			return true
+		}
+		return false
+	})
 }
 
 // removeIfDone removes a journal sealed for a suspend once the store holds

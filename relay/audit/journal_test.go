@@ -334,3 +334,40 @@ func TestJournalsRelease(t *testing.T) {
 		t.Errorf("in the store: %v", got)
 	}
 }
+
+// A segment being filled that the periodic write already stored whole
+// (a sandbox idle before its suspend) is let go by Seal and by Release
+// too: nothing stays held of a suspended sandbox.
+func TestJournalsSealAfterWholeWrite(t *testing.T) {
+	for _, release := range []bool{false, true} {
+		t.Run(fmt.Sprintf("release=%v", release), func(t *testing.T) {
+			w := &memWriter{}
+			js := newJournals(t, w, 1<<20)
+			js.Open("a")
+			for i := range 3 {
+				js.Record(Event{Sandbox: "a", Path: fmt.Sprint(i)})
+			}
+			if err := js.write(context.Background(), js.get("a"), true); err != nil { // the periodic write
+				t.Fatal(err)
+			}
+			if release {
+				js.Release("a")
+				for deadline := time.Now().Add(30 * time.Second); js.HeldBytes("a") != 0 || js.get("a") != nil; time.Sleep(time.Millisecond) {
+					if time.Now().After(deadline) {
+						t.Fatalf("30 s after Release %d bytes are held", js.HeldBytes("a"))
+					}
+				}
+			} else {
+				if err := js.Seal(context.Background(), "a"); err != nil {
+					t.Fatal(err)
+				}
+				if n := js.HeldBytes("a"); n != 0 || js.get("a") != nil {
+					t.Errorf("after Seal %d bytes are held", n)
+				}
+			}
+			if got := list(t, js, w, "a", Query{}); !slices.Equal(got, numbered(3)) {
+				t.Errorf("in the store: %v", got)
+			}
+		})
+	}
+}
