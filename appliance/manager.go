@@ -702,15 +702,22 @@ func (m *Manager) suspendLocked(ctx context.Context, b *box) (*record, error) {
 		restore()
 		return nil, fmt.Errorf("sandbox %s: stopping its processes before saving: %w", b.id, err)
 	}
+	// Its audit is sealed (written whole to the store) beside the save.
+	sealed := make(chan struct{})
+	go func() {
+		defer close(sealed)
+		m.sealAudit(ctx, sb)
+	}()
 	rec, err := m.saveSnapshot(ctx, b)
+	<-sealed
 	if err != nil {
+		m.openAudit(b.id) // it runs on
 		restore()
 		return nil, err
 	}
 	if err := sb.Destroy(context.WithoutCancel(ctx)); err != nil {
 		m.log.Warn("sandbox saved, but removing it failed", "sandbox", b.id, "err", err)
 	}
-	m.sealAudit(ctx, sb)
 	b.state.Store(State(""))
 	m.setBase(b, nil) // the record holds it now
 	m.unjournal(b.id)

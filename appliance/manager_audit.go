@@ -28,6 +28,9 @@ const (
 	// so (an empty line), and looks again whether a suspended sandbox was
 	// destroyed.
 	auditKeepalive = 30 * time.Second
+	// auditElsewherePoll is how often a follow stream of a sandbox another
+	// shard runs lists what that shard wrote to the store since.
+	auditElsewherePoll = 5 * time.Second
 	// auditSweepEvery is how often segments past their retention are
 	// removed.
 	auditSweepEvery = time.Hour
@@ -40,12 +43,13 @@ func (m *Manager) openAudit(id string) {
 	}
 }
 
-// sealAudit stops keeping stopped sandbox sb's events, once its egress
-// connections have ended (a suspend): what is held is written to the store
-// at once, by the journals' own goroutine, so the suspend does not wait
-// for it; until it is written a listing finds it in memory, and a
-// shutdown writes it (Service.Shutdown). A store that fails keeps it held
-// and tried again.
+// sealAudit stops keeping sandbox sb's events once its egress connections
+// have ended (its commands were killed: a suspend), and writes what is
+// held to the store, so that the suspended sandbox's audit is whole there
+// before its lease goes (another shard may resume it at once). The suspend
+// runs it beside the save of the layer, which takes longer. A store that
+// fails keeps the events held, tried again every flush and written by a
+// shutdown (Service.Shutdown); the suspend goes on.
 func (m *Manager) sealAudit(ctx context.Context, sb *Sandbox) {
 	if m.cfg.Audit == nil {
 		return
@@ -53,7 +57,9 @@ func (m *Manager) sealAudit(ctx context.Context, sb *Sandbox) {
 	dctx, cancel := context.WithTimeout(ctx, auditDrain)
 	sb.relay.Drain(dctx)
 	cancel()
-	m.cfg.Audit.Release(sb.id)
+	if err := m.cfg.Audit.Seal(ctx, sb.id); err != nil {
+		m.log.Warn("writing a suspended sandbox's audit to the store failed; it is held and tried again", "sandbox", sb.id, "err", err)
+	}
 }
 
 // removeAudit drops sandbox id's audit, held and stored: a destroy. The
@@ -241,8 +247,18 @@ func (m *Manager) waitRunning(ctx context.Context, id string, send func([]byte) 
 			return true
 		}
 		seen = false
-		if _, err := m.Get(ctx, id); errors.Is(err, ErrNotFound) {
+		in, err := m.Get(ctx, id)
+		if errors.Is(err, ErrNotFound) {
 			return false
+		}
+		// Running on another shard: its events reach the store there, a
+		// segment every flush; they are listed from it every
+		// auditElsewherePoll.
+		var elsewhere <-chan time.Time
+		if err == nil && in.State != "" && in.State != Suspended {
+			t := time.NewTimer(auditElsewherePoll)
+			defer t.Stop()
+			elsewhere = t.C
 		}
 		select {
 		case <-ctx.Done():
@@ -250,6 +266,8 @@ func (m *Manager) waitRunning(ctx context.Context, id string, send func([]byte) 
 		case <-m.closing:
 			return false
 		case <-started:
+		case <-elsewhere:
+			return send(nil) == nil
 		case <-keepalive.C:
 			if send(nil) != nil {
 				return false

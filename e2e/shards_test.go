@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -79,6 +80,12 @@ func (c *cluster) start(id string, max int) *serve {
 		"SANDGATE_MAX_SANDBOXES="+strconv.Itoa(max))
 	s := startServe(c.t, env)
 	c.shards[id] = s
+	c.t.Cleanup(func() {
+		if c.t.Failed() {
+			log := s.log.String()
+			c.t.Logf("shard %s's log, its end:\n%s", id, log[len(log)-min(len(log), 6000):])
+		}
+	})
 	return s
 }
 
@@ -96,6 +103,58 @@ func (c *cluster) call(via, method, path, body string) (int, string, string) {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(b), c.shardAt(resp.Header.Get(api.HeaderOwner))
+}
+
+// auditFollow is a follow stream of a sandbox's audit: its lines, as they
+// come.
+type auditFollow struct {
+	lines  chan string
+	cancel context.CancelFunc
+}
+
+// followAudit follows sandbox name's audit through shard via (query: the
+// audit route's, follow=1 among it) until the test ends.
+func (c *cluster) followAudit(via, name, query string) *auditFollow {
+	c.t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	c.t.Cleanup(cancel)
+	req, _ := http.NewRequestWithContext(ctx, "GET", c.shards[via].url+"/v1/sandboxes/"+name+"/audit"+query, nil)
+	req.Header.Set(api.HeaderToken, c.token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil || resp.StatusCode != 200 {
+		c.t.Fatalf("following %s's audit via %s: %v %v", name, via, err, resp)
+	}
+	f := &auditFollow{lines: make(chan string, 1000), cancel: cancel}
+	go func() {
+		defer resp.Body.Close()
+		defer close(f.lines)
+		sc := bufio.NewScanner(resp.Body)
+		sc.Buffer(nil, 1<<20)
+		for sc.Scan() {
+			f.lines <- sc.Text()
+		}
+	}()
+	return f
+}
+
+// want waits (bounded: the store gets a running sandbox's events every
+// flush, 10 s) for a line holding s.
+func (f *auditFollow) want(t *testing.T, s string) {
+	t.Helper()
+	timeout := time.After(2 * time.Minute)
+	for {
+		select {
+		case l, ok := <-f.lines:
+			if !ok {
+				t.Fatalf("the audit follow stream ended before an event with %s", s)
+			}
+			if strings.Contains(l, s) {
+				return
+			}
+		case <-timeout:
+			t.Fatalf("no event with %s in the audit follow stream within 2 minutes", s)
+		}
+	}
 }
 
 // shardAt is the id of the shard at url.
@@ -387,11 +446,18 @@ func TestShardsOverOneStore(t *testing.T) {
 	if err := c.shards["b"].terminate(t); err != nil {
 		t.Fatalf("b after SIGTERM: %v", err)
 	}
+	writers[wb].waitEnded(t, wb+" on b")
+	// A follow of wb's audit through c, which has room, while wb is
+	// suspended: it goes on once a runs wb, from what a writes to the
+	// store.
+	follow := c.followAudit("c", wb, "?follow=1&decision=deny&since="+time.Now().UTC().Format(time.RFC3339Nano))
 	for _, name := range []string{wa, wb} {
 		writers[name].waitEnded(t, name+" on b")
 		c.resume("a", name)
 		c.startWriter("a", name, writers[name])
 	}
+	c.exec("a", wb, "curl -sS https://followed.example.com/ || true")
+	follow.want(t, `"host":"followed.example.com"`)
 	if out, _, _ := c.exec("a", wb, "cat /workspace/before-term"); out != "before-term\n" {
 		t.Errorf("%s resumed on a after b's SIGTERM: %q", wb, out)
 	}
