@@ -34,6 +34,9 @@ type ShardConfig struct {
 	// LeaseTime and Renew: cluster.DefaultLeaseTime and DefaultRenew when
 	// zero.
 	LeaseTime, Renew time.Duration
+	// Lock names the exclusive lock the process holds for the shard
+	// (cluster.Config.Lock): serve's state directory lock.
+	Lock string
 }
 
 // DefaultShardID is the host's name made a shard id: lower case, every
@@ -67,7 +70,7 @@ func (m *Manager) joinShards(ctx context.Context) error {
 		sc.ID = DefaultShardID()
 	}
 	c, err := cluster.Open(ctx, cluster.Config{
-		Store: m.st, ID: sc.ID, URL: sc.URL, LeaseTime: sc.LeaseTime, Renew: sc.Renew, Logger: m.log,
+		Store: m.st, ID: sc.ID, URL: sc.URL, LeaseTime: sc.LeaseTime, Renew: sc.Renew, Lock: sc.Lock, Logger: m.log,
 		Renewed: m.renewed, Fenced: m.fenced, Rejoined: m.rejoined, Load: m.load,
 	})
 	if err != nil {

@@ -102,6 +102,13 @@ type Config struct {
 	// says of the shard: sandboxes running, the most it may run, and
 	// their ids.
 	Load func() (running, max int, sandboxes []string)
+	// Lock, when set, names an exclusive lock this process holds for its
+	// life, which no two processes can hold at once (serve's state
+	// directory lock: the kernel's boot and the lock file's identity). A
+	// live heartbeat of this shard naming the same Lock was written by a
+	// process that held it and is gone (a crash): joining takes over at
+	// once instead of waiting for that heartbeat to expire.
+	Lock string
 }
 
 // Shard is a member as its heartbeat describes it.
@@ -115,6 +122,8 @@ type Shard struct {
 	Max     int       `json:"max"`
 	// Sandboxes are the sandboxes it ran at its last renewal.
 	Sandboxes []string `json:"sandboxes,omitempty"`
+	// Lock is the lock its process held (Config.Lock).
+	Lock string `json:"lock,omitempty"`
 }
 
 // alive says whether a heartbeat still holds at now, with margin for the
@@ -222,7 +231,7 @@ func (c *Cluster) Config() Config { return c.cfg }
 
 // heartbeat is this shard's heartbeat as of now.
 func (c *Cluster) heartbeat(epoch string, now time.Time) Shard {
-	hb := Shard{ID: c.cfg.ID, URL: c.cfg.URL, Epoch: epoch, Renewed: now.UTC(), Expires: now.Add(c.cfg.LeaseTime).UTC()}
+	hb := Shard{ID: c.cfg.ID, URL: c.cfg.URL, Epoch: epoch, Renewed: now.UTC(), Expires: now.Add(c.cfg.LeaseTime).UTC(), Lock: c.cfg.Lock}
 	if c.cfg.Load != nil {
 		hb.Running, hb.Max, hb.Sandboxes = c.cfg.Load()
 		slices.Sort(hb.Sandboxes)
@@ -246,7 +255,13 @@ func (c *Cluster) join(ctx context.Context, wait bool) error {
 			return fmt.Errorf("shard %s: reading its heartbeat: %w", c.cfg.ID, err)
 		default:
 			var old Shard
-			if json.Unmarshal(b, &old) == nil && old.alive(now, c.skew) && old.Epoch != c.currentEpoch() {
+			live := json.Unmarshal(b, &old) == nil && old.alive(now, c.skew) && old.Epoch != c.currentEpoch()
+			if live && c.cfg.Lock != "" && old.Lock == c.cfg.Lock {
+				// Its process held the lock this one holds now: it is gone.
+				c.log.Info(fmt.Sprintf("the last process of shard %s held the lock this one holds: it is gone, and its heartbeat is taken over at once", c.cfg.ID), "shard", c.cfg.ID, "epoch", old.Epoch)
+				live = false
+			}
+			if live {
 				if !wait {
 					return fmt.Errorf("shard %s: another process holds its heartbeat (epoch %s, until %s)", c.cfg.ID, old.Epoch, old.Expires.Format(time.RFC3339))
 				}

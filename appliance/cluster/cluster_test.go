@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -286,5 +287,39 @@ func TestSameShardTwice(t *testing.T) {
 		}
 	case <-time.After(10 * testLease):
 		t.Fatal("the second process never joined after the first closed")
+	}
+}
+
+// A process of a shard that holds the lock the last one held (it crashed,
+// and serve's state directory lock is free again) joins at once, though
+// the dead one's heartbeat is still alive; a process with another lock
+// (or none) still waits for it.
+func TestSameShardAfterACrash(t *testing.T) {
+	st := stores(t)["dir"](t)
+	lease := 10 * time.Minute // far past the test: only the lock lets the next join
+	first, err := Open(context.Background(), Config{Store: st, ID: "a", LeaseTime: lease, Renew: lease / 3, Lock: "boot 1, file 2:3"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The crash: nothing of first runs on (its renewals stop), its
+	// heartbeat stays.
+	first.Close(context.Background())
+	if _, err := st.Put(context.Background(), shardKey("a"), strings.NewReader(`{"shard":"a","epoch":"dead","expires":"2999-01-01T00:00:00Z","lock":"boot 1, file 2:3"}`), store.PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if _, err := Open(ctx, Config{Store: st, ID: "a", LeaseTime: lease, Renew: lease / 3, Lock: "boot 1, file 2:4"}); err == nil {
+		t.Fatal("a process holding another lock joined while the heartbeat of shard a is alive")
+	}
+	ctx, cancel = context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	second, err := Open(ctx, Config{Store: st, ID: "a", LeaseTime: lease, Renew: lease / 3, Lock: "boot 1, file 2:3"})
+	if err != nil {
+		t.Fatalf("the process holding the dead one's lock: %v, want it joined at once", err)
+	}
+	defer second.Close(context.Background())
+	if second.Epoch() == "dead" {
+		t.Error("it joined under the dead process's epoch")
 	}
 }

@@ -285,7 +285,7 @@ func runServe(c *cli.Context) error {
 	if err != nil {
 		return badInput("SANDGATE_STATE_DIR (--state-dir): %v", err)
 	}
-	unlock, err := lockStateDir(state)
+	unlock, lockName, err := lockStateDir(state)
 	if err != nil {
 		return badInput("SANDGATE_STATE_DIR (--state-dir): %v", err)
 	}
@@ -337,6 +337,7 @@ func runServe(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
+	shard.Lock = lockName // a restart after a crash need not wait for the dead process's heartbeat
 	checkpoints := c.Duration("checkpoint-interval")
 	if checkpoints == 0 {
 		checkpoints = -1
