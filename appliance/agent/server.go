@@ -470,35 +470,7 @@ func (s *server) dnsMode(f *framer, req request) {
 
 // acceptCaptured passes each connection the capture listener accepts to
 // the service, naming where the process was going.
-func (s *server) acceptCaptured(ln net.Listener) {
-	for {
-		c, err := ln.Accept()
-		if err != nil {
-			if s.ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
-				return
-			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				time.Sleep(10 * time.Millisecond)
-				continue
-			}
-			s.log.Warn("agent: capture listener failed", "err", err)
-			return
-		}
-		if s.egressActive.Add(1) > maxEgressConns {
-			s.egressActive.Add(-1)
-			c.Close()
-			continue
-		}
-		s.wg.Add(1)
-		go func() {
-			defer s.wg.Done()
-			defer s.egressActive.Add(-1)
-			tc := c.(*net.TCPConn)
-			s.egressTo(tc, s.capturedTo(tc))
-		}()
-	}
-}
+func (s *server) acceptCaptured(ln net.Listener) { s.accept(ln, "capture", s.capturedTo) }
 
 // capturedTo says where a captured connection was going: the name its
 // address was given and the port, or the address itself if it has no name
@@ -534,6 +506,12 @@ func (s *server) reportLookup(name, qtype string) {
 // acceptEgress turns each connection to the relay listener into a stream
 // to the service.
 func (s *server) acceptEgress(ln net.Listener) {
+	s.accept(ln, "relay", func(*net.TCPConn) string { return "" })
+}
+
+// accept hands each connection ln accepts to the service (egressTo, where
+// to says it was going), at most maxEgressConns at once, until ln closes.
+func (s *server) accept(ln net.Listener, what string, to func(*net.TCPConn) string) {
 	for {
 		c, err := ln.Accept()
 		if err != nil {
@@ -545,7 +523,7 @@ func (s *server) acceptEgress(ln net.Listener) {
 				time.Sleep(10 * time.Millisecond)
 				continue
 			}
-			s.log.Warn("agent: relay listener failed", "err", err)
+			s.log.Warn("agent: "+what+" listener failed", "err", err)
 			return
 		}
 		if s.egressActive.Add(1) > maxEgressConns {
@@ -557,7 +535,8 @@ func (s *server) acceptEgress(ln net.Listener) {
 		go func() {
 			defer s.wg.Done()
 			defer s.egressActive.Add(-1)
-			s.egressTo(c.(*net.TCPConn), "")
+			tc := c.(*net.TCPConn)
+			s.egressTo(tc, to(tc))
 		}()
 	}
 }
