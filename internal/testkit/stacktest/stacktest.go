@@ -268,13 +268,21 @@ func (s *Stack) Close() {
 // StoreObjects calls each with the name and the whole decompressed content
 // of every object in the directory store at dir (a layer's tar, a
 // manifest's JSON): what a search for a secret in snapshots must read,
-// since a compressed layer hides its bytes.
+// since a compressed layer hides its bytes. An object removed between the
+// listing and the read (the service's other sandboxes go on meanwhile) is
+// skipped.
 func StoreObjects(dir string, each func(name string, content []byte)) error {
 	return filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if errors.Is(err, fs.ErrNotExist) && path != dir {
+			return nil // gone since it was listed: another sandbox of the service moved on
+		}
 		if err != nil || !d.Type().IsRegular() || strings.HasPrefix(d.Name(), ".") {
 			return err // hidden: the store's lock and temporary files
 		}
 		f, err := os.Open(path)
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil
+		}
 		if err != nil {
 			return err
 		}
