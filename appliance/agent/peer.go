@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -53,7 +54,13 @@ func findPeerIn(proc string, c net.Conn, deadline time.Time) *Peer {
 	if local.Addr().Is6() && !local.Addr().Is4In6() {
 		table = "/net/tcp6"
 	}
-	inode := socketInode(proc+table, local, remote)
+	var inode string
+	if proc == "/proc" {
+		inode = diagInode(local, remote) // one lookup, where the kernel has sock_diag
+	}
+	if inode == "" {
+		inode = socketInode(proc+table, local, remote)
+	}
 	if inode == "" {
 		return nil
 	}
@@ -116,32 +123,33 @@ func parseProcAddr(s string) (netip.AddrPort, bool) {
 
 // socketOwner returns a process holding a descriptor whose link is target
 // ("socket:[inode]"), 0 if none is found before deadline. The agent
-// itself is skipped: it holds the other end, never this one.
+// itself is skipped: it holds the other end, never this one. The newest
+// processes are looked at first: a connection just made is most often a
+// process just started's (curl, git, an installer's worker).
 func socketOwner(proc, target string, deadline time.Time) int {
 	d, err := os.Open(proc)
 	if err != nil {
 		return 0
 	}
-	defer d.Close()
+	names, _ := d.Readdirnames(-1)
+	d.Close()
 	self := os.Getpid()
-	for {
-		names, err := d.Readdirnames(256)
-		for _, n := range names {
-			pid, perr := strconv.Atoi(n)
-			if perr != nil || pid == self {
-				continue
-			}
-			if time.Now().After(deadline) {
-				return 0
-			}
-			if holds(proc+"/"+n+"/fd", target) {
-				return pid
-			}
-		}
-		if err != nil {
-			return 0
+	pids := make([]int, 0, len(names))
+	for _, n := range names {
+		if pid, err := strconv.Atoi(n); err == nil && pid != self {
+			pids = append(pids, pid)
 		}
 	}
+	slices.Sort(pids)
+	for _, pid := range slices.Backward(pids) {
+		if time.Now().After(deadline) {
+			return 0
+		}
+		if holds(proc+"/"+strconv.Itoa(pid)+"/fd", target) {
+			return pid
+		}
+	}
+	return 0
 }
 
 // holds reports whether a descriptor in dir (/proc/<pid>/fd) links to
