@@ -256,9 +256,7 @@ func (m *Manager) waitRunning(ctx context.Context, id string, send func([]byte) 
 		// auditElsewherePoll.
 		var elsewhere <-chan time.Time
 		if err == nil && in.State != "" && in.State != Suspended {
-			t := time.NewTimer(auditElsewherePoll)
-			defer t.Stop()
-			elsewhere = t.C
+			elsewhere = time.After(auditElsewherePoll)
 		}
 		select {
 		case <-ctx.Done():
