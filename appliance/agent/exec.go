@@ -209,8 +209,14 @@ func (s *server) exec(st *yamux.Stream, f *framer, req request, cfg *resolved, r
 	closeStdin()
 
 	exitSent.Store(true) // from here on, the client closing is normal
+	sendExit(f, req.Args[0], ps, werr)
+}
+
+// sendExit ends a command's stream with its Exit message (the signal that
+// ended it, else its exit status), or with why it could not be waited for.
+func sendExit(f *framer, name string, ps *os.ProcessState, werr error) {
 	if werr != nil {
-		f.msg(response{Error: toWire(fmt.Errorf("waiting for %s: %w", req.Args[0], werr))})
+		f.msg(response{Error: toWire(fmt.Errorf("waiting for %s: %w", name, werr))})
 		return
 	}
 	var exit wireExit

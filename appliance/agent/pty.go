@@ -117,17 +117,7 @@ func (s *server) execPTY(st *yamux.Stream, f *framer, cmd command, size wireSize
 	master.Close()
 
 	exitSent.Store(true)
-	if werr != nil {
-		f.msg(response{Error: toWire(fmt.Errorf("waiting for %s: %w", cmd.args[0], werr))})
-		return
-	}
-	var exit wireExit
-	if ws := ps.Sys().(syscall.WaitStatus); ws.Signaled() {
-		exit.Code, exit.Signal = -1, int(ws.Signal())
-	} else {
-		exit.Code = ws.ExitStatus()
-	}
-	f.msg(response{Exit: &exit})
+	sendExit(f, cmd.args[0], ps, werr)
 }
 
 // terminalInput types what the client sends into a terminal and applies

@@ -59,6 +59,15 @@ func cliHint(err error) error {
 	return fmt.Errorf("%w (sandgate: the service token with --token or SANDBOX_SERVICE_TOKEN; an identity token for Cloud Run's IAM with --auth gcloud, or --auth metadata on Google Cloud)", err)
 }
 
+// attachRemote is a session of sandbox name at the service --url names.
+func attachRemote(c *cli.Context, name string) (*client.Session, error) {
+	cl, err := newRemote(c)
+	if err != nil {
+		return nil, err
+	}
+	return cl.Attach(c.Context, name)
+}
+
 // newRemote makes the client of --url.
 func newRemote(c *cli.Context) (*client.Client, error) {
 	u := c.String("url")
@@ -594,11 +603,7 @@ func runExec(c *cli.Context) error {
 	for i, a := range argv {
 		quoted[i] = shellQuote(a)
 	}
-	cl, err := newRemote(c)
-	if err != nil {
-		return err
-	}
-	s, err := cl.Attach(c.Context, pos[0])
+	s, err := attachRemote(c, pos[0])
 	if err != nil {
 		return err
 	}
@@ -664,11 +669,7 @@ func runTemplateSave(c *cli.Context) error {
 	if len(args) != 2 {
 		return badInput("template save takes a sandbox NAME and a template ID")
 	}
-	cl, err := newRemote(c)
-	if err != nil {
-		return err
-	}
-	s, err := cl.Attach(c.Context, args[0])
+	s, err := attachRemote(c, args[0])
 	if err != nil {
 		return err
 	}
@@ -711,11 +712,7 @@ func runPolicySet(c *cli.Context) error {
 	default:
 		return badInput("policy set: say what the sandbox may reach: allow-all, deny-all, --allow HOST, --allow-cidr CIDR, --deny-cidr CIDR or --file FILE")
 	}
-	cl, err := newRemote(c)
-	if err != nil {
-		return err
-	}
-	s, err := cl.Attach(c.Context, args[0])
+	s, err := attachRemote(c, args[0])
 	if err != nil {
 		return err
 	}
@@ -914,11 +911,7 @@ func runPortForward(c *cli.Context) error {
 		}
 		specs = append(specs, sp)
 	}
-	cl, err := newRemote(c)
-	if err != nil {
-		return err
-	}
-	s, err := cl.Attach(c.Context, args[0])
+	s, err := attachRemote(c, args[0])
 	if err != nil {
 		return err
 	}

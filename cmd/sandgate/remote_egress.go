@@ -82,11 +82,7 @@ func runTransformations(c *cli.Context, how string) error {
 	default:
 		return badInput("transformations %s takes a sandbox NAME and a FILE (- for standard input)", how)
 	}
-	cl, err := newRemote(c)
-	if err != nil {
-		return err
-	}
-	s, err := cl.Attach(c.Context, args[0])
+	s, err := attachRemote(c, args[0])
 	if err != nil {
 		return err
 	}
@@ -236,11 +232,7 @@ func runModulesSet(c *cli.Context) error {
 		}
 		mods = append(mods, client.Module{Name: strings.TrimSuffix(filepath.Base(path), ".wasm"), Wasm: bin, Config: string(cfg)})
 	}
-	cl, err := newRemote(c)
-	if err != nil {
-		return err
-	}
-	s, err := cl.Attach(c.Context, args[0])
+	s, err := attachRemote(c, args[0])
 	if err != nil {
 		return err
 	}
