@@ -114,6 +114,9 @@ type Sandbox struct {
 	// Shard is the shard running it, when several services share one
 	// store (running sandboxes).
 	Shard string `json:"shard,omitempty"`
+	// Limits are what it may take: its own, over the service's defaults
+	// (an appliance.Limits on the service's side).
+	Limits any `json:"limits,omitempty"`
 }
 
 // Module describes one of a sandbox's own WebAssembly modules: its name,

@@ -289,6 +289,9 @@ type LaunchOptions struct {
 	// Template is a template of `sandgate sandbox` (ImportTemplate)
 	// mounted beneath the sandbox's own layer. Google's CLI has none.
 	Template string
+	// Limits are the sandbox's (`sandgate sandbox`; Cloud Run limits the
+	// instance); a zero field means the launcher's own setting, if any.
+	Limits Limits
 }
 
 // Create starts sandbox id, detached, with a writable root and the agent
@@ -316,10 +319,14 @@ func (l *Launcher) Create(ctx context.Context, id string, opts LaunchOptions) er
 		args = append(args, "--template", opts.Template)
 	}
 	if !l.google {
-		if l.cfg.Memory != "" {
+		if opts.Limits.Memory > 0 {
+			args = append(args, "--memory", fmt.Sprint(opts.Limits.Memory))
+		} else if l.cfg.Memory != "" {
 			args = append(args, "--memory", l.cfg.Memory)
 		}
-		if l.cfg.Pids > 0 {
+		if opts.Limits.Pids > 0 {
+			args = append(args, "--pids", fmt.Sprint(opts.Limits.Pids))
+		} else if l.cfg.Pids > 0 {
 			args = append(args, "--pids", fmt.Sprint(l.cfg.Pids))
 		}
 		if l.cfg.Rootfs != "" {

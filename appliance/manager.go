@@ -115,6 +115,11 @@ type ManagerConfig struct {
 	// Shard is this service's membership of the shards sharing the store:
 	// a sandbox runs on at most one of them, the one holding its lease.
 	Shard ShardConfig
+	// Limits are every sandbox's limits where its own (CreateOptions)
+	// leave a field zero. Memory and Pids zero mean the launcher's
+	// (LauncherConfig.Memory, Pids: DefaultMemoryLimit, DefaultPidsLimit);
+	// the other zero fields mean none.
+	Limits Limits
 	// CheckpointInterval is how often a running sandbox that changed is
 	// saved as it runs (Checkpoint): what a crash of the service loses;
 	// 0 means DefaultCheckpointInterval, negative never.
@@ -162,6 +167,9 @@ type CreateOptions struct {
 	// Dirs are directories made (with parents) before Create returns,
 	// such as the sandbox's home and working directory.
 	Dirs []string
+	// Limits are its own limits; a zero field means the service's
+	// (ManagerConfig.Limits). They are kept with it for its whole life.
+	Limits Limits
 }
 
 // ResumeOptions are what Resume gives a sandbox: a running one gets its
@@ -197,6 +205,8 @@ type Info struct {
 	// OpenPorts the ports with a connection open now (running ones).
 	Modules   []ModuleInfo `json:"modules,omitempty"`
 	OpenPorts []int        `json:"openPorts,omitempty"`
+	// Limits are what it may take (its own, over the service's defaults).
+	Limits Limits `json:"limits"`
 	// Shard is the shard it runs on (running sandboxes): this service's,
 	// or another sharing the store, which alone knows the rest of it.
 	Shard string `json:"shard,omitempty"`
@@ -259,6 +269,7 @@ type box struct {
 	spec     NetworkSpec // what the caller said (running sandboxes)
 	network  Network     // what applies: derived from spec and the rules
 	modules  []ModuleSource
+	limits   Limits // its own (CreateOptions); see effectiveLimits
 	// lease is the sandbox's lease, held while it runs here; recGen the
 	// generation of its record as this service last read or wrote it (0:
 	// none), which its next write must find (fencing).
@@ -292,9 +303,17 @@ func NewManager(ctx context.Context, cfg ManagerConfig) (*Manager, error) {
 	if cfg.Launcher.cfg.Pids == 0 {
 		cfg.Launcher.cfg.Pids = DefaultPidsLimit
 	}
+	if cfg.Limits.Memory == 0 {
+		cfg.Limits.Memory, _ = sandboxcli.ParseSize(cfg.Launcher.cfg.Memory)
+	}
+	if cfg.Limits.Pids == 0 {
+		cfg.Limits.Pids = cfg.Launcher.cfg.Pids
+	}
+	if err := cfg.Limits.Check(); err != nil {
+		return nil, fmt.Errorf("the service's default limits: %w", err)
+	}
 	if cfg.MaxRunning <= 0 {
-		limit, _ := sandboxcli.ParseSize(cfg.Launcher.cfg.Memory)
-		cfg.MaxRunning = DefaultMaxRunning(limit)
+		cfg.MaxRunning = DefaultMaxRunning(cfg.Limits.Memory)
 	}
 	if cfg.IdleSuspend == 0 {
 		cfg.IdleSuspend = DefaultIdleSuspend
@@ -471,6 +490,9 @@ func (m *Manager) Create(ctx context.Context, id string, opts CreateOptions) (sb
 	if err := opts.Network.check(); err != nil {
 		return nil, err
 	}
+	if err := opts.Limits.Check(); err != nil {
+		return nil, err
+	}
 	if err := m.takeLease(ctx, b); err != nil {
 		var held *cluster.HeldError
 		if errors.As(err, &held) {
@@ -503,6 +525,7 @@ func (m *Manager) Create(ctx context.Context, id string, opts CreateOptions) (sb
 	}
 	b.created, b.template, b.spec, b.network, b.saved = time.Now().UTC(), opts.Template, opts.Network, network, time.Time{}
 	b.modules = cloneSources(opts.Modules)
+	b.limits = opts.Limits
 	m.setBase(b, base)
 	sb, err = m.start(ctx, b, nil, startOptions{Rules: opts.Rules, Agent: opts.Agent, Dirs: opts.Dirs})
 	if err != nil {
@@ -589,6 +612,7 @@ func (m *Manager) Resume(ctx context.Context, id string, opts ResumeOptions) (sb
 		return nil, err
 	}
 	b.created, b.template, b.spec, b.network, b.modules = rec.Created, rec.Template, opts.Network, network, mods
+	b.limits = rec.Limits
 	m.setBase(b, rec.baseRecord())
 	sb, err = m.start(ctx, b, rec, startOptions{Rules: opts.Rules, Agent: opts.Agent, Dirs: opts.Dirs})
 	if err != nil {
@@ -873,6 +897,7 @@ func (m *Manager) Fork(ctx context.Context, src, dst string, opts ForkOptions) (
 			return "", err
 		}
 		db.created, db.template, db.spec, db.network, db.modules = time.Now().UTC(), sb.template, spec, network, cloneSources(sb.modules)
+		db.limits = sb.limits
 		m.setBase(db, sb.base)
 		if _, err := m.attach(ctx, db, startOptions{Rules: opts.Rules, Agent: opts.Agent}); err != nil {
 			m.setBase(db, nil)
@@ -923,7 +948,7 @@ func (m *Manager) Get(ctx context.Context, id string) (Info, error) {
 	if err != nil {
 		return Info{}, err
 	}
-	return rec.info(id), nil
+	return m.suspendedInfo(id, rec), nil
 }
 
 // List describes every sandbox, running and suspended, by id.
@@ -970,7 +995,7 @@ func (m *Manager) List(ctx context.Context) ([]Info, error) {
 		if err != nil {
 			continue // destroyed or resumed meanwhile
 		}
-		out = append(out, rec.info(id))
+		out = append(out, m.suspendedInfo(id, rec))
 	}
 	slices.SortFunc(out, func(a, b Info) int {
 		switch {
@@ -985,7 +1010,7 @@ func (m *Manager) List(ctx context.Context) ([]Info, error) {
 }
 
 func (m *Manager) liveInfo(b *box) Info {
-	inf := Info{ID: b.id, State: b.getState(), Created: b.created, Template: b.template, Shard: m.c.ID()}
+	inf := Info{ID: b.id, State: b.getState(), Created: b.created, Template: b.template, Shard: m.c.ID(), Limits: m.effectiveLimits(b.limits)}
 	if sb := b.live.Load(); sb != nil {
 		pol := sb.relay.Policy()
 		inf.Policy = &pol
@@ -997,6 +1022,11 @@ func (m *Manager) liveInfo(b *box) Info {
 	}
 	return inf
 }
+
+// effectiveLimits are a sandbox's own limits over the service's defaults:
+// what applies to it now. A sandbox keeps only its own (its record), so a
+// change of the service's defaults applies at its next start.
+func (m *Manager) effectiveLimits(own Limits) Limits { return own.Or(m.cfg.Limits) }
 
 // Capacity is what the service holds.
 type Capacity struct {

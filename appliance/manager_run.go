@@ -53,7 +53,7 @@ func (m *Manager) start(ctx context.Context, b *box, rec *record, so startOption
 		b.state.Store(State(""))
 		return nil, err
 	}
-	opts := Options{Policy: b.network.Policy, Transforms: transforms.NewRuleSet(so.Rules...), Modules: mods, Agent: m.agentConfig(b, so)}
+	opts := Options{Policy: b.network.Policy, Transforms: transforms.NewRuleSet(so.Rules...), Modules: mods, Agent: m.agentConfig(b, so), Limits: m.effectiveLimits(b.limits)}
 	var cleanups []func()
 	defer func() {
 		for _, c := range cleanups {
@@ -123,7 +123,7 @@ func (m *Manager) attach(ctx context.Context, b *box, so startOptions) (*Sandbox
 		b.state.Store(State(""))
 		return nil, err
 	}
-	opts := Options{Policy: b.network.Policy, Transforms: transforms.NewRuleSet(so.Rules...), Modules: mods, Agent: m.agentConfig(b, so)}
+	opts := Options{Policy: b.network.Policy, Transforms: transforms.NewRuleSet(so.Rules...), Modules: mods, Agent: m.agentConfig(b, so), Limits: m.effectiveLimits(b.limits)}
 	sb, err := Attach(ctx, m.l, m.proxy, b.id, opts)
 	if err != nil {
 		b.state.Store(State(""))
@@ -174,6 +174,7 @@ type journalEntry struct {
 	Template string      `json:"template,omitempty"`
 	Base     *record     `json:"base,omitempty"`
 	Modules  []moduleRef `json:"modules,omitempty"` // their bytes are in the store
+	Limits   Limits      `json:"limits,omitzero"`
 }
 
 func (m *Manager) journalDir() string { return filepath.Join(m.work, "running") }
@@ -186,7 +187,7 @@ func (m *Manager) journal(b *box) error {
 	if err != nil {
 		return err
 	}
-	data, err := json.Marshal(journalEntry{Created: b.created, Template: b.template, Base: b.base, Modules: refs})
+	data, err := json.Marshal(journalEntry{Created: b.created, Template: b.template, Base: b.base, Modules: refs, Limits: b.limits})
 	if err != nil {
 		return err
 	}

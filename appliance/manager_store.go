@@ -87,6 +87,9 @@ type record struct {
 	// Modules are the sandbox's own WebAssembly modules, loaded again
 	// when it resumes.
 	Modules []moduleRef `json:"modules,omitempty"`
+	// Limits are the sandbox's own limits (CreateOptions.Limits), applied
+	// again, over the service's defaults, when it resumes.
+	Limits Limits `json:"limits,omitzero"`
 
 	// legacy: not a record in the store but the reference service's
 	// object at legacyKey (Layer), which has no digest to check.
@@ -103,8 +106,8 @@ func (r *record) baseRecord() *record {
 	return &record{Layer: r.Base, Digest: r.BaseDigest, Template: r.Template}
 }
 
-func (r *record) info(id string) Info {
-	inf := Info{ID: id, State: Suspended, Created: r.Created, LayerBytes: r.Size, Template: r.Template}
+func (m *Manager) suspendedInfo(id string, r *record) Info {
+	inf := Info{ID: id, State: Suspended, Created: r.Created, LayerBytes: r.Size, Template: r.Template, Limits: m.effectiveLimits(r.Limits)}
 	for _, mr := range r.Modules {
 		inf.Modules = append(inf.Modules, ModuleInfo{Name: mr.Name, Digest: mr.Digest})
 	}
@@ -335,7 +338,7 @@ func (m *Manager) saveSnapshot(ctx context.Context, b *box) (*record, error) {
 	if err != nil {
 		return nil, err
 	}
-	rec, err := m.saveSnapshotOf(ctx, b.id, b.created, b.template, b.base, refs, b.recGen)
+	rec, err := m.saveSnapshotOf(ctx, b.id, b.created, b.template, b.base, refs, b.limits, b.recGen)
 	if err != nil {
 		return nil, err
 	}
@@ -345,7 +348,7 @@ func (m *Manager) saveSnapshot(ctx context.Context, b *box) (*record, error) {
 
 // saveSnapshotOf saves sandbox id's layer as its snapshot. Its record is
 // written only if it is at generation gen (0: only if there is none).
-func (m *Manager) saveSnapshotOf(ctx context.Context, id string, created time.Time, template string, base *record, modules []moduleRef, gen int64) (*record, error) {
+func (m *Manager) saveSnapshotOf(ctx context.Context, id string, created time.Time, template string, base *record, modules []moduleRef, limits Limits, gen int64) (*record, error) {
 	layer, err := m.exportLayer(ctx, id)
 	if err != nil {
 		return nil, err
@@ -355,7 +358,7 @@ func (m *Manager) saveSnapshotOf(ctx context.Context, id string, created time.Ti
 	if err != nil {
 		return nil, err
 	}
-	rec := &record{Layer: key, Digest: man.Digest, Size: man.Size, Template: template, Created: created, Saved: time.Now().UTC(), Modules: modules}
+	rec := &record{Layer: key, Digest: man.Digest, Size: man.Size, Template: template, Created: created, Saved: time.Now().UTC(), Modules: modules, Limits: limits}
 	if base != nil {
 		rec.Base, rec.BaseDigest = base.Layer, base.Digest
 	}

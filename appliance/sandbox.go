@@ -46,6 +46,8 @@ type Options struct {
 	// Agent configures the agent (relay address, PATH, HOME, base-URL
 	// variables); the zero value means its defaults.
 	Agent agent.Config
+	// Limits are what it may take of the host (LaunchOptions.Limits).
+	Limits Limits
 }
 
 // Sandbox is the service's handle on one running sandbox: its identity in
@@ -111,7 +113,7 @@ const (
 // is left behind.
 func Create(ctx context.Context, l *Launcher, proxy *relay.Proxy, id string, opts Options) (*Sandbox, error) {
 	return start(ctx, l, proxy, id, opts, func() error {
-		return l.Create(ctx, id, LaunchOptions{ImportTar: opts.ImportTar, Template: opts.Template})
+		return l.Create(ctx, id, LaunchOptions{ImportTar: opts.ImportTar, Template: opts.Template, Limits: opts.Limits})
 	})
 }
 

@@ -149,6 +149,7 @@ type networkBody struct {
 	template        string
 	name            string
 	policy          *netpolicy.Policy
+	limits          appliance.Limits // sandgate's, on create only
 }
 
 func (o object) network() (networkBody, error) {
@@ -180,6 +181,14 @@ func (o object) network() (networkBody, error) {
 			return n, badRequest("policy: %v", err)
 		}
 		n.policy = &p
+	}
+	if raw, ok := o["limits"]; ok {
+		if err := json.Unmarshal(raw, &n.limits); err != nil {
+			return n, badRequest("%v", err)
+		}
+		if err := n.limits.Check(); err != nil {
+			return n, badRequest("%v", err)
+		}
 	}
 	return n, nil
 }

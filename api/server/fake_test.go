@@ -43,6 +43,7 @@ type fakeBox struct {
 	files   map[string][]byte
 	procs   map[string]*appliance.Process
 	execs   []appliance.ExecRequest
+	limits  appliance.Limits
 }
 
 func newFakeBackend() *fakeBackend {
@@ -72,7 +73,7 @@ func (f *fakeBackend) Create(ctx context.Context, id string, opts appliance.Crea
 		}
 	}
 	f.boxes[id] = &fakeBox{state: appliance.Running, created: time.Now(), spec: opts.Network, rules: opts.Rules,
-		modules: opts.Modules, files: map[string][]byte{}, procs: map[string]*appliance.Process{}}
+		modules: opts.Modules, files: map[string][]byte{}, procs: map[string]*appliance.Process{}, limits: opts.Limits}
 	return nil, nil
 }
 
@@ -123,7 +124,7 @@ func (f *fakeBackend) Fork(ctx context.Context, src, dst string, opts appliance.
 }
 
 func (f *fakeBackend) info(id string, b *fakeBox) appliance.Info {
-	in := appliance.Info{ID: id, State: b.state, Created: b.created}
+	in := appliance.Info{ID: id, State: b.state, Created: b.created, Limits: b.limits}
 	if b.state == appliance.Running {
 		in.BaseURLs = b.spec.BaseURLs
 	}

@@ -332,7 +332,8 @@ func TestOpenAPISchemasMatchWire(t *testing.T) {
 	info := appliance.Info{ID: "box", State: appliance.Running, Created: now, LastActive: now.Add(time.Minute), LayerBytes: 4096,
 		Template: "tpl", Policy: &policy, BaseURLs: map[string]string{"ANTHROPIC_BASE_URL": "https://api.anthropic.com"},
 		Modules:   []appliance.ModuleInfo{{Name: "deny-path", Digest: "sha256:" + strings.Repeat("ab", 32), Bytes: 4096}},
-		OpenPorts: []int{4000}, Shard: "shard-0"}
+		OpenPorts: []int{4000}, Shard: "shard-0",
+		Limits: appliance.Limits{CPU: 1, CPUWeight: 100, Memory: 1 << 30, Pids: 100, Disk: 1 << 30, Lifetime: time.Hour, KeepSuspended: time.Hour}}
 	allSet(t, info)
 	sb := s.sandboxInfo(info)
 	allSet(t, sb)

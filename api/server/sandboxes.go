@@ -35,6 +35,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) error {
 	if _, err := s.b.Create(r.Context(), nb.name, appliance.CreateOptions{
 		Network:  nb.spec(),
 		Template: nb.template, Agent: s.agentConfig(nb.name), Dirs: s.dirs(nb.name),
+		Limits: nb.limits,
 	}); err != nil {
 		return err
 	}
@@ -186,7 +187,7 @@ func (s *Server) sandboxInfo(in appliance.Info) api.Sandbox {
 	out := api.Sandbox{
 		Name: in.ID, State: string(in.State), Created: in.Created, LayerBytes: in.LayerBytes, Template: in.Template,
 		BaseURLs: in.BaseURLs, Home: sandboxDir(s.cfg.Home, in.ID), WorkDir: sandboxDir(s.cfg.WorkDir, in.ID),
-		Ports: in.OpenPorts, Shard: in.Shard,
+		Ports: in.OpenPorts, Shard: in.Shard, Limits: in.Limits,
 	}
 	if !in.LastActive.IsZero() {
 		t := in.LastActive.UTC().Truncate(time.Millisecond)

@@ -12,6 +12,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/sandgate/sandgate/api"
+	"github.com/sandgate/sandgate/appliance"
 	"github.com/sandgate/sandgate/netpolicy"
 )
 
@@ -36,6 +37,9 @@ func TestUnknownFieldsRefusedInSandgatesOwnBodies(t *testing.T) {
 		{"POST", "/v1/sandboxes", map[string]any{"name": "d", "policy": map[string]any{"mode": "custom", "allowedHost": []string{"x"}}}, `unknown key "allowedHost"`},
 		{"POST", "/v1/sandboxes", map[string]any{"name": "d", "allowedHosts": []string{}, "policy": map[string]any{"mode": "deny-all"}}, `"allowedHosts" or "policy", not both`},
 		{"POST", "/v1/sandboxes/b/resume", map[string]any{"policy": map[string]any{"mode": "allow-all", "allowedCIDRs": []string{"1.2.3.4/32"}}}, "takes no rules"},
+		{"POST", "/v1/sandboxes", map[string]any{"name": "d", "limits": map[string]any{"cpus": 2}}, `unknown field "cpus"`},
+		{"POST", "/v1/sandboxes", map[string]any{"name": "d", "limits": map[string]any{"memory": "1m"}}, `limits.memory`},
+		{"POST", "/v1/sandboxes", map[string]any{"name": "d", "limits": map[string]any{"lifetime": 60}}, `limits`},
 	} {
 		code, body, _ := r.do(tc.method, tc.path, tc.body)
 		var e api.Error
@@ -162,5 +166,29 @@ func TestTerminalRouteRefusals(t *testing.T) {
 			t.Errorf("after the end: %v, want a normal close", err)
 		}
 		ws.CloseNow()
+	}
+}
+
+// A sandbox's own limits reach the backend from sandgate's create body
+// and come back in its description.
+func TestCreateTakesLimits(t *testing.T) {
+	r := newRouteRig(t)
+	limits := map[string]any{"cpu": 0.5, "cpuWeight": 50, "memory": "256m", "pids": 64, "disk": "2g", "lifetime": "24h", "keepSuspended": "48h"}
+	if code, body, _ := r.do("POST", "/v1/sandboxes", map[string]any{"name": "b", "limits": limits}); code != 201 {
+		t.Fatalf("create: %d %s", code, body)
+	}
+	want := appliance.Limits{CPU: 0.5, CPUWeight: 50, Memory: 256 << 20, Pids: 64, Disk: 2 << 30, Lifetime: 24 * time.Hour, KeepSuspended: 48 * time.Hour}
+	if got := r.b.boxes["b"].limits; got != want {
+		t.Errorf("the backend got %+v, want %+v", got, want)
+	}
+	code, body, _ := r.do("GET", "/v1/sandboxes/b", nil)
+	var sb struct {
+		Limits map[string]any `json:"limits"`
+	}
+	if err := json.Unmarshal([]byte(body), &sb); code != 200 || err != nil {
+		t.Fatalf("get: %d %s", code, body)
+	}
+	if sb.Limits["memory"] != float64(256<<20) || sb.Limits["lifetime"] != "24h0m0s" || sb.Limits["cpu"] != 0.5 {
+		t.Errorf("described limits: %v", sb.Limits)
 	}
 }
