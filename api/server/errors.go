@@ -76,6 +76,10 @@ func status(err error) int {
 	return http.StatusInternalServerError
 }
 
+// Status is the HTTP status of err as the server's routes answer it, for
+// another front door over the same backend (the console).
+func Status(err error) int { return status(err) }
+
 // writeJSON writes a JSON reply.
 func writeJSON(w http.ResponseWriter, code int, v any) {
 	b, err := json.Marshal(v)
