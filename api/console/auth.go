@@ -9,6 +9,7 @@ import (
 	"encoding/hex"
 	"net/http"
 	"net/url"
+	"path"
 	"strconv"
 	"strings"
 	"time"
@@ -205,6 +206,7 @@ type signinData struct {
 	pageData
 	Next  string
 	Error string
+	TTL   string // how long a sign-in lasts
 }
 
 func (c *Console) signinPage(w http.ResponseWriter, r *http.Request) error {
@@ -214,7 +216,7 @@ func (c *Console) signinPage(w http.ResponseWriter, r *http.Request) error {
 		http.Redirect(w, r, next, http.StatusSeeOther)
 		return nil
 	}
-	return c.render(w, r, http.StatusOK, "signin.html", signinData{pageData: c.page(r, "Sign in"), Next: next})
+	return c.render(w, r, http.StatusOK, "signin.html", signinData{pageData: c.page(r, "Sign in"), Next: next, TTL: ago(c.cfg.SessionTTL)})
 }
 
 func (c *Console) signin(w http.ResponseWriter, r *http.Request) error {
@@ -226,7 +228,7 @@ func (c *Console) signin(w http.ResponseWriter, r *http.Request) error {
 	got := sha256.Sum256([]byte(r.PostFormValue("token")))
 	if subtle.ConstantTimeCompare(got[:], c.token[:]) != 1 {
 		c.log.Warn("console: a sign-in with a wrong token", "remote", r.RemoteAddr)
-		return c.render(w, r, http.StatusUnauthorized, "signin.html", signinData{pageData: c.page(r, "Sign in"), Next: next,
+		return c.render(w, r, http.StatusUnauthorized, "signin.html", signinData{pageData: c.page(r, "Sign in"), Next: next, TTL: ago(c.cfg.SessionTTL),
 			Error: "That is not the service token. It is the value of SANDBOX_SERVICE_TOKEN the service was started with."})
 	}
 	value, id, expires := c.issue()
@@ -250,13 +252,18 @@ func (c *Console) signout(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// safeNext is where to go after signing in: a console path, or the list.
+// safeNext is where to go after signing in: a console path (as a browser
+// would resolve it), or the list.
 func safeNext(next string) string {
 	u, err := url.Parse(next)
-	if err != nil || next == "" || u.Scheme != "" || u.Host != "" || strings.HasPrefix(next, "//") || strings.Contains(next, "\\") ||
-		(u.Path != Prefix && !strings.HasPrefix(u.Path, Prefix+"/")) || strings.HasPrefix(u.Path, "/ui/signin") {
+	if err != nil || next == "" || u.Scheme != "" || u.Host != "" || u.User != nil || strings.HasPrefix(next, "//") || strings.Contains(next, "\\") {
 		return Prefix
 	}
+	p := path.Clean("/" + u.Path)
+	if p != Prefix && !strings.HasPrefix(p, Prefix+"/") || strings.HasPrefix(p, "/ui/signin") {
+		return Prefix
+	}
+	u.Path, u.RawPath = p, ""
 	return u.RequestURI()
 }
 

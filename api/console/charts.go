@@ -85,9 +85,9 @@ func (e *egress) Rows() []egressRow {
 }
 
 type egressRow struct {
-	Start             time.Time
-	Allowed, Refused  int
-	Sent, Received    int64
+	Start            time.Time
+	Allowed, Refused int
+	Sent, Received   int64
 }
 
 // egressOf aggregates the audit of the sandboxes named (all of the
@@ -105,7 +105,8 @@ func (c *Console) egressOf(ctx context.Context, names []string, rangeName string
 	e.Allowed, e.Refused = make([]int, chartBuckets), make([]int, chartBuckets)
 	e.Sent, e.Received = make([]int64, chartBuckets), make([]int64, chartBuckets)
 	byCode := map[string][]int{}
-	if names == nil {
+	all := names == nil
+	if all {
 		infos, err := c.b.List(ctx)
 		if err != nil {
 			return nil, err
@@ -127,7 +128,7 @@ func (c *Console) egressOf(ctx context.Context, names []string, rangeName string
 		for {
 			p, err := c.b.AuditEvents(ctx, name, q)
 			if err != nil {
-				if isGone(err) {
+				if all && isGone(err) {
 					break // destroyed since it was listed
 				}
 				return nil, err

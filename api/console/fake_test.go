@@ -23,8 +23,9 @@ type fake struct {
 	shards   []cluster.Shard
 	calls    []string
 	resumed  appliance.ResumeOptions
-	// follow, when set, gets each follower's send (the test sends lines).
-	follow chan func([]byte) error
+	// follow, when set, carries lines a follower sends as they come (after
+	// what AuditEvents lists), until the request ends.
+	follow chan []byte
 }
 
 func newFake() *fake {
@@ -171,16 +172,24 @@ func (f *fake) FollowAudit(ctx context.Context, id string, q audit.Query, send f
 			return nil
 		}
 	}
-	if f.follow == nil {
+	f.mu.Lock()
+	follow := f.follow
+	f.mu.Unlock()
+	if follow == nil {
 		return nil // the stream ends (as for a destroyed sandbox)
 	}
-	select {
-	case f.follow <- send:
-	case <-ctx.Done():
-		return nil
+	for {
+		select {
+		case l := <-follow:
+			if q.Match(l) {
+				if err := send(l); err != nil {
+					return nil
+				}
+			}
+		case <-ctx.Done():
+			return nil
+		}
 	}
-	<-ctx.Done()
-	return nil
 }
 
 func (f *fake) Shard() (string, string) { return "here", "http://here.test" }

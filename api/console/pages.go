@@ -75,13 +75,13 @@ func (c *Console) writeError(w http.ResponseWriter, r *http.Request, err error) 
 
 // pageData is what every page's frame shows.
 type pageData struct {
-	Title    string
-	CSRF     string
-	SignOut  bool // signed in with a cookie: a sign-out button
-	Version  string
-	Shard    string
-	Now      time.Time
-	Nav      string
+	Title   string
+	CSRF    string
+	SignOut bool // signed in with a cookie: a sign-out button
+	Version string
+	Shard   string
+	Now     time.Time
+	Nav     string
 }
 
 func (c *Console) page(r *http.Request, title string) pageData {
@@ -162,10 +162,10 @@ func (c *Console) rowOf(in appliance.Info, self string) row {
 
 type listData struct {
 	pageData
-	Rows                         []row
+	Rows                       []row
 	Running, Suspended, Remote int
-	Range                        string
-	Ranges                       []string
+	Range                      string
+	Ranges                     []string
 }
 
 func (c *Console) list(w http.ResponseWriter, r *http.Request) error {
@@ -543,8 +543,12 @@ func ago(d time.Duration) string {
 		return strconv.Itoa(int(d.Seconds())) + "s"
 	case d < time.Hour:
 		return strconv.Itoa(int(d.Minutes())) + "m"
+	case d < 24*time.Hour && int(d.Minutes())%60 == 0:
+		return fmt.Sprintf("%dh", int(d.Hours()))
 	case d < 24*time.Hour:
 		return fmt.Sprintf("%dh %dm", int(d.Hours()), int(d.Minutes())%60)
+	case int(d.Hours())%24 == 0:
+		return fmt.Sprintf("%dd", int(d.Hours())/24)
 	}
 	return fmt.Sprintf("%dd %dh", int(d.Hours())/24, int(d.Hours())%24)
 }

@@ -129,18 +129,21 @@
     var fig = el('figure', 'chart');
     fig.appendChild(el('figcaption', null, title));
     box.appendChild(fig);
+    var steps = uPlot.paths && uPlot.paths.stepped ? uPlot.paths.stepped({ align: 1 }) : undefined;
+    series.forEach(function (s) { s.paths = steps; s.points = { show: false }; });
     var opts = {
       width: Math.max(fig.clientWidth, 240), height: 170,
       series: [{}].concat(series),
       scales: { x: { time: true } },
       axes: [{ stroke: '#555' }, { stroke: '#555', size: 60, values: values }],
-      legend: { live: true },
+      legend: { live: false },
       cursor: { drag: { x: false, y: false } }
     };
     var u = new uPlot(opts, data, fig);
     window.addEventListener('resize', function () { u.setSize({ width: Math.max(fig.clientWidth, 240), height: 170 }); });
     return u;
   }
+  function plural(n, one, many) { return n + ' ' + (n === 1 ? one : many); }
   function counts(u, vals) { return vals.map(function (v) { return Number.isInteger(v) ? v : ''; }); }
   function bytes(u, vals) { return vals.map(fmtBytes); }
   document.querySelectorAll('[data-egress]').forEach(function (box) {
@@ -154,7 +157,8 @@
       .then(function (e) {
         box.textContent = '';
         if (!window.uPlot) throw new Error('the chart library did not load');
-        var note = e.events + ' events from ' + e.sandboxes + ' sandbox(es), in buckets of ' + (e.step >= 60 ? (e.step / 60) + ' min' : e.step + ' s');
+        var note = plural(e.events, 'event', 'events') + ' from ' + plural(e.sandboxes, 'sandbox', 'sandboxes') +
+          ', in buckets of ' + (e.step >= 3600 ? plural(e.step / 3600, 'hour', 'hours') : e.step >= 60 ? (e.step / 60) + ' min' : e.step + ' s');
         if (e.note) note += ' (' + e.note + ')';
         box.appendChild(el('p', 'chart-note', note));
         if (e.capped) box.appendChild(el('p', 'warn', 'Capped: the console read as many events as it may for one chart; it shows part of the span.'));
@@ -166,14 +170,12 @@
           { label: 'sent', stroke: '#1565c0', width: 2, value: function (u, v) { return fmtBytes(v); } },
           { label: 'received', stroke: '#6a1b9a', width: 2, value: function (u, v) { return fmtBytes(v); } }
         ], [e.times, e.sent, e.received], bytes);
-        if (e.refusals && e.refusals.length) {
-          var rs = e.refusals.slice(0, palette.length);
-          chart(box, 'Refusals by code', rs.map(function (s, i) {
-            return { label: s.code, stroke: palette[i], width: 2 };
-          }), [e.times].concat(rs.map(function (s) { return s.counts; })), counts);
-        } else {
-          box.appendChild(el('p', 'chart-note', 'No refusals in this span.'));
-        }
+        // Always a third chart, so the grid is whole: a flat line says
+        // there was no refusal.
+        var rs = (e.refusals && e.refusals.length) ? e.refusals.slice(0, palette.length) : [{ code: 'none', counts: e.refused }];
+        chart(box, 'Refusals by code', rs.map(function (s, i) {
+          return { label: s.code, stroke: s.code === 'none' ? '#9aa5b1' : palette[i], width: 2 };
+        }), [e.times].concat(rs.map(function (s) { return s.counts; })), counts);
       })
       .catch(function (err) {
         box.textContent = '';

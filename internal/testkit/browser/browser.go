@@ -71,7 +71,9 @@ type cdpError struct {
 	Data    string `json:"data"`
 }
 
-func (e *cdpError) Error() string { return fmt.Sprintf("devtools: %s (%d) %s", e.Message, e.Code, e.Data) }
+func (e *cdpError) Error() string {
+	return fmt.Sprintf("devtools: %s (%d) %s", e.Message, e.Code, e.Data)
+}
 
 type message struct {
 	ID        int64           `json:"id,omitempty"`
