@@ -155,6 +155,16 @@ func readFilter(v url.Values) (eventFilter, error) {
 	return f, nil
 }
 
+// nameAndFilter reads the sandbox a page or stream is of, and its filter.
+func nameAndFilter(r *http.Request) (string, eventFilter, error) {
+	name := r.PathValue("name")
+	if err := checkName(name); err != nil {
+		return "", eventFilter{}, err
+	}
+	f, err := readFilter(r.URL.Query())
+	return name, f, err
+}
+
 func (f eventFilter) query() audit.Query { return audit.Query{Decision: f.Decision, Host: f.Host} }
 
 // match is the part of the filter the audit query does not do.
@@ -234,11 +244,7 @@ func (c *Console) recent(ctx context.Context, name string, f eventFilter, max in
 // A browser that reconnects (Last-Event-ID: the last event's time) gets
 // what came from that time on; the page drops what it already has.
 func (c *Console) events(w http.ResponseWriter, r *http.Request) error {
-	name := r.PathValue("name")
-	if err := checkName(name); err != nil {
-		return err
-	}
-	f, err := readFilter(r.URL.Query())
+	name, f, err := nameAndFilter(r)
 	if err != nil {
 		return err
 	}

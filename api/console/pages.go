@@ -20,27 +20,11 @@ import (
 	"github.com/sandgate/sandgate/relay/audit"
 )
 
-// httpError is an error that carries its own status: the console's own
-// refusals (auth, a bad filter).
-type httpError struct {
-	status int
-	msg    string
-}
-
-func (e *httpError) Error() string { return e.msg }
-
+// errorf is an error answered with status: the console's own refusals
+// (auth, a bad filter). Every error's status is the API's mapping
+// (server.Status), in one place.
 func errorf(status int, format string, args ...any) error {
-	return &httpError{status: status, msg: fmt.Sprintf(format, args...)}
-}
-
-// statusOf is err's status: the console's own, else the API's (one
-// mapping of what an error means, in api/server).
-func statusOf(err error) int {
-	var he *httpError
-	if errors.As(err, &he) {
-		return he.status
-	}
-	return server.Status(err)
+	return server.Errorf(status, format, args...)
 }
 
 type errorData struct {
@@ -52,7 +36,7 @@ type errorData struct {
 // writeError answers err: a page for a browser, JSON for the console's
 // script and for the API's clients, text for a stream.
 func (c *Console) writeError(w http.ResponseWriter, r *http.Request, err error) {
-	code := statusOf(err)
+	code := server.Status(err)
 	if code >= 500 {
 		c.log.Warn("console: a request failed", "path", r.URL.Path, "status", code, "err", err)
 	}
@@ -241,11 +225,7 @@ type sessionView struct {
 }
 
 func (c *Console) sandbox(w http.ResponseWriter, r *http.Request) error {
-	name := r.PathValue("name")
-	if err := checkName(name); err != nil {
-		return err
-	}
-	f, err := readFilter(r.URL.Query())
+	name, f, err := nameAndFilter(r)
 	if err != nil {
 		return err
 	}
@@ -305,24 +285,17 @@ func (c *Console) sandbox(w http.ResponseWriter, r *http.Request) error {
 	return c.render(w, r, http.StatusOK, "sandbox.html", d)
 }
 
+// policyOf reads a sandbox's policy in its JSON shape (netpolicy's one
+// rendering of it), and its base URLs.
 func policyOf(in appliance.Info) *policyView {
-	p := in.Policy
-	v := &policyView{Mode: string(p.Mode)}
-	if v.Mode == "" {
-		v.Mode = "custom"
+	var pj struct {
+		Mode                                               string
+		AllowedHosts, AllowedCIDRs, DeniedCIDRs, Intercept []string
 	}
-	for _, h := range p.AllowedHosts {
-		v.Hosts = append(v.Hosts, h.String())
+	if b, err := json.Marshal(in.Policy); err == nil {
+		json.Unmarshal(b, &pj)
 	}
-	for _, c := range p.AllowedCIDRs {
-		v.AllowedCIDRs = append(v.AllowedCIDRs, c.String())
-	}
-	for _, c := range p.DeniedCIDRs {
-		v.DeniedCIDRs = append(v.DeniedCIDRs, c.String())
-	}
-	for _, h := range p.Intercept {
-		v.Int = append(v.Int, h.String())
-	}
+	v := &policyView{Mode: pj.Mode, Hosts: pj.AllowedHosts, AllowedCIDRs: pj.AllowedCIDRs, DeniedCIDRs: pj.DeniedCIDRs, Int: pj.Intercept}
 	for _, k := range slices.Sorted(maps.Keys(in.BaseURLs)) {
 		v.BaseURLs = append(v.BaseURLs, kv{k, in.BaseURLs[k]})
 	}
@@ -435,17 +408,16 @@ func (c *Console) chartTarget(r *http.Request) (names []string, rng string, span
 	return names, rng, span, nil
 }
 
+// egressJSON is a chart's data (egress) as JSON, for the script; with
+// the page's Accept, egressPage renders the same as a table.
 func (c *Console) egressJSON(w http.ResponseWriter, r *http.Request) error {
-	names, rng, span, err := c.chartTarget(r)
-	if err != nil {
-		return err
-	}
-	e, err := c.egressOf(r.Context(), names, rng, span)
-	if err != nil {
-		return err
-	}
-	w.Header().Set("Content-Type", "application/json")
-	return json.NewEncoder(w).Encode(e)
+	return c.egressOut(w, r, false)
+}
+
+// egressPage is a chart's data as a table: what the charts show, for a
+// browser without scripts, and to read exact figures.
+func (c *Console) egressPage(w http.ResponseWriter, r *http.Request) error {
+	return c.egressOut(w, r, true)
 }
 
 type egressData struct {
@@ -455,9 +427,7 @@ type egressData struct {
 	Ranges  []string
 }
 
-// egressPage is a chart's data as a table: what the charts show, for a
-// browser without scripts, and to read exact figures.
-func (c *Console) egressPage(w http.ResponseWriter, r *http.Request) error {
+func (c *Console) egressOut(w http.ResponseWriter, r *http.Request, page bool) error {
 	names, rng, span, err := c.chartTarget(r)
 	if err != nil {
 		return err
@@ -465,6 +435,10 @@ func (c *Console) egressPage(w http.ResponseWriter, r *http.Request) error {
 	e, err := c.egressOf(r.Context(), names, rng, span)
 	if err != nil {
 		return err
+	}
+	if !page {
+		w.Header().Set("Content-Type", "application/json")
+		return json.NewEncoder(w).Encode(e)
 	}
 	d := egressData{pageData: c.page(r, "Egress"), E: e, Ranges: rangeNames()}
 	if names != nil {

@@ -15,6 +15,7 @@ import (
 	"github.com/sandgate/sandgate/api"
 	"github.com/sandgate/sandgate/appliance"
 	"github.com/sandgate/sandgate/internal/testkit/browser"
+	"github.com/sandgate/sandgate/internal/testkit/stacktest"
 )
 
 // startBrowser starts a headless Chromium for t, or skips t where none can
@@ -311,6 +312,17 @@ func TestConsoleNeedsTheToken(t *testing.T) {
 	}
 	if resp := get("/ui/signin", ""); resp.StatusCode != 200 {
 		t.Errorf("the sign-in page: %d", resp.StatusCode)
+	}
+}
+
+// Turned off (SANDGATE_CONSOLE=false), /ui is the API's: no route.
+func TestConsoleOff(t *testing.T) {
+	r := newRigOn(t, stacktest.Config{NoConsole: true}, nil)
+	for _, path := range []string{"/ui", "/ui/signin", "/ui/static/console.css"} {
+		code, body, _ := r.do("GET", path, nil)
+		if code != http.StatusNotFound || !strings.Contains(body, "no route") {
+			t.Errorf("GET %s with the console off: %d %s", path, code, body)
+		}
 	}
 }
 
