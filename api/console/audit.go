@@ -244,6 +244,10 @@ func (c *Console) recent(ctx context.Context, name string, f eventFilter, max in
 // A browser that reconnects (Last-Event-ID: the last event's time) gets
 // what came from that time on; the page drops what it already has.
 func (c *Console) events(w http.ResponseWriter, r *http.Request) error {
+	if r.Method == http.MethodHead {
+		w.Header().Set("Allow", "GET")
+		return errorf(http.StatusMethodNotAllowed, "HEAD is not served on a stream: use GET")
+	}
 	name, f, err := nameAndFilter(r)
 	if err != nil {
 		return err

@@ -218,6 +218,9 @@ func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		c.writeError(w, r, err)
 		return
 	}
+	if r.Method == http.MethodPost {
+		r.Body = http.MaxBytesReader(w, r.Body, maxForm) // a form of a few fields
+	}
 	if r.Method == http.MethodPost && !s.header && !publicPath(r) {
 		if err := c.checkCSRF(r, s); err != nil {
 			c.writeError(w, r, err)
@@ -226,6 +229,9 @@ func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	c.mux.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), sessionKey{}, s)))
 }
+
+// maxForm bounds a POST's body: the console's forms are a few fields.
+const maxForm = 64 << 10
 
 // csp is every answer's Content-Security-Policy: the console's own files
 // only, no inline script or style, no frames, forms posting to itself.

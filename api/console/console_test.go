@@ -627,6 +627,10 @@ func TestConsoleStream(t *testing.T) {
 	if !strings.Contains(string(body), "event: end") || !strings.Contains(string(body), "reload the page") {
 		t.Errorf("a stream that ended: %s", body)
 	}
+	// HEAD would follow forever for nothing.
+	if resp, _ := r.do(req{method: "HEAD", path: "/ui/sandboxes/box/events", header: map[string]string{api.HeaderToken: token}}); resp.StatusCode != http.StatusMethodNotAllowed {
+		t.Errorf("HEAD of the stream: %d, want 405", resp.StatusCode)
+	}
 	// A bad cursor is named.
 	resp3, body3 := r.do(req{path: "/ui/sandboxes/box/events?cursor=nonsense", header: map[string]string{api.HeaderToken: token}})
 	if resp3.StatusCode != http.StatusBadRequest || !strings.Contains(body3, "cursor") {
