@@ -76,6 +76,14 @@ func status(err error) int {
 	return http.StatusInternalServerError
 }
 
+// Status is the HTTP status of err as the server's routes answer it, for
+// another front door over the same backend (the console).
+func Status(err error) int { return status(err) }
+
+// Errorf is an error that Status answers with status: another front
+// door's own refusals.
+func Errorf(status int, format string, args ...any) error { return errorf(status, format, args...) }
+
 // writeJSON writes a JSON reply.
 func writeJSON(w http.ResponseWriter, code int, v any) {
 	b, err := json.Marshal(v)

@@ -240,12 +240,7 @@ func (s *Server) check(r *http.Request) error {
 		if r.Header.Get("Origin") != "" {
 			return errorf(http.StatusForbidden, "a request from a web page (it has an Origin header) is refused: this service has no token; give it one (SANDBOX_SERVICE_TOKEN) to be called from elsewhere")
 		}
-		host := r.Host
-		if h, _, err := net.SplitHostPort(host); err == nil {
-			host = h
-		}
-		named := strings.EqualFold(host, "localhost") || slices.ContainsFunc(s.cfg.LocalHosts, func(h string) bool { return strings.EqualFold(h, host) })
-		if _, err := netip.ParseAddr(strings.Trim(host, "[]")); err != nil && !named {
+		if host, ok := LocalHost(r.Host, s.cfg.LocalHosts); !ok {
 			return errorf(http.StatusForbidden, "host %q is refused: without a token this service answers only for localhost, IP addresses and the names in SANDGATE_LOCAL_HOSTNAMES (a DNS rebinding defence); add %q to SANDGATE_LOCAL_HOSTNAMES, or set SANDBOX_SERVICE_TOKEN", host, host)
 		}
 	}
@@ -256,6 +251,20 @@ func (s *Server) check(r *http.Request) error {
 		}
 	}
 	return nil
+}
+
+// LocalHost says whether a request's Host (with or without a port) is one
+// a service without a token answers for: localhost, an IP address, or one
+// of names (SANDGATE_LOCAL_HOSTNAMES), in any letter case; host is it
+// without its port. The API and the console (api/console) share it.
+func LocalHost(hostport string, names []string) (host string, ok bool) {
+	host = hostport
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	named := strings.EqualFold(host, "localhost") || slices.ContainsFunc(names, func(h string) bool { return strings.EqualFold(h, host) })
+	_, err := netip.ParseAddr(strings.Trim(host, "[]"))
+	return host, err == nil || named
 }
 
 // statusRecorder captures what ServeMux's own 404/405 handlers write.

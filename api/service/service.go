@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/sandgate/sandgate/api/bridge"
+	"github.com/sandgate/sandgate/api/console"
 	"github.com/sandgate/sandgate/api/forward"
 	"github.com/sandgate/sandgate/api/server"
 	"github.com/sandgate/sandgate/appliance"
@@ -88,6 +89,9 @@ type Config struct {
 	// starts and its size limit. Its Backend, Agent, Dirs, OpenAPI,
 	// Metrics and Logger are the service's.
 	Bridge bridge.Config
+	// NoConsole turns the web console (/ui, package api/console) off; it
+	// is served by default, under the API's auth.
+	NoConsole bool
 	// Logger receives the service's events (JSON lines Cloud Logging
 	// reads, or text); nil discards.
 	Logger *slog.Logger
@@ -108,6 +112,8 @@ type Service struct {
 	Manager  *appliance.Manager
 	Server   *server.Server
 	Bridge   *bridge.Bridge
+	// Console is the web console at /ui (nil with NoConsole).
+	Console *console.Console
 	// Front sends requests for sandboxes other shards run to them, and
 	// serves the rest: the bridge's routes, then Server's.
 	Front   *forward.Front
@@ -207,12 +213,29 @@ func New(ctx context.Context, cfg Config) (_ *Service, err error) {
 	}
 	s.Front = forward.New(forward.Config{Locator: s.Manager, Next: s.Bridge.Front(s.Server), Auth: cfg.PeerAuth, Logger: s.log})
 	s.handler = s.Front
+	if !cfg.NoConsole {
+		// The console reads through the manager of this shard; a sandbox
+		// another shard runs links to that shard's console.
+		if s.Console, err = console.New(console.Config{
+			Backend: s.Manager, Token: sc.Token, LocalOnly: sc.LocalOnly, LocalHosts: sc.LocalHosts,
+			Agent: s.Server.AgentConfig, Dirs: s.Server.Dirs, Version: sc.Version, Logger: s.log,
+		}); err != nil {
+			return nil, err
+		}
+		s.handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if console.Owns(r) {
+				s.Console.ServeHTTP(w, r)
+				return
+			}
+			s.Front.ServeHTTP(w, r)
+		})
+	}
 	return s, nil
 }
 
 // Handler is the HTTP service: protocol 1, sandgate's /v1 and the
 // Cloudflare bridge's routes, forwarded to the shard running the sandbox
-// a request names.
+// a request names; and the web console at /ui.
 func (s *Service) Handler() http.Handler { return s.handler }
 
 // Serve serves the HTTP service on ln, as `sandgate serve` does: HTTP/1.1

@@ -79,6 +79,7 @@ Run (IAM in front) or with --allow-open.`,
 			&cli.DurationFlag{Name: "audit-retention", Value: appliance.DefaultAuditRetention, Usage: "keep a sandbox's audit in the store for `DURATION` (a destroy removes it at once); 0 forever", EnvVars: []string{"SANDGATE_AUDIT_RETENTION"}},
 			&cli.StringSliceFlag{Name: "upstream-ca", Usage: "also trust the PEM certificates in `FILE` for upstreams (tests, private CAs); repeatable", EnvVars: []string{"SANDGATE_UPSTREAM_CA"}},
 			&cli.StringFlag{Name: "intercept-ca", Usage: "the interception CA (hosts a policy's \"intercept\" names): `DIR` to keep it in (ca.pem, ca-key.pem 0600; made if absent), off for none (default: made at start, in memory only)", EnvVars: []string{"SANDGATE_INTERCEPT_CA"}},
+			&cli.BoolFlag{Name: "console", Value: true, Usage: "serve the web console at /ui, under the API's auth (--console=false: none)", EnvVars: []string{"SANDGATE_CONSOLE"}},
 			&cli.BoolFlag{Name: "capture", Value: true, Usage: "capture, in each sandbox, the connections of processes that ignore the proxy variables, and judge them as CONNECT (sandgate sandbox, as root; --capture=false: their lookups fail at once, audited)", EnvVars: []string{"SANDGATE_CAPTURE"}},
 			&cli.StringFlag{Name: "bridge-key", Usage: "the `KEY` the Cloudflare sandbox bridge's routes (/v1/sandbox, /v1/pool) need as Authorization: Bearer; unset, they refuse every request", EnvVars: []string{"SANDBOX_API_KEY"}},
 			&cli.StringFlag{Name: "bridge-allowed-hosts", Usage: "`HOSTS` the sandboxes the bridge starts may reach, beside --allowed-hosts (comma-separated)", EnvVars: []string{"SANDGATE_BRIDGE_ALLOWED_HOSTS"}},
@@ -351,7 +352,7 @@ func runServe(c *cli.Context) error {
 			AllowedHosts: sc.allowedHosts, BaseURLs: sc.baseURLs, OutputBytes: int(sc.outputBytes),
 			Shard: shard, CheckpointInterval: checkpoints,
 		},
-		PeerAuth: peerAuth(sc.cloudRun, logger),
+		PeerAuth: peerAuth(sc.cloudRun, logger), NoConsole: !c.Bool("console"),
 		Server: server.Config{
 			Token: c.String("token"), LocalOnly: loopback && c.String("token") == "", LocalHosts: splitAll([]string{c.String("local-hostnames")}),
 			Version: serveVersion(), Home: c.String("home"), WorkDir: c.String("workdir"), Path: c.String("path"),
@@ -389,6 +390,9 @@ func runServe(c *cli.Context) error {
 	logger.Info("sandgate serving", "addr", ln.Addr().String(), "cli", svc.Launcher.String(), "store", storeName(c), "image_id", sc.imageID,
 		"template_namespace", svc.Manager.Namespace(), "cloud_run", sc.cloudRun, "token", c.String("token") != "",
 		"shard", shardID, "shard_url", shardURL, "cloudflare_bridge", c.String("bridge-key") != "")
+	if svc.Console != nil {
+		logger.Info("the web console is served at /ui, under the API's auth (README: Console)", "url", "http://"+ln.Addr().String()+"/ui")
+	}
 
 	select {
 	case err := <-served:

@@ -3,6 +3,6 @@
 // TLS listeners (tlstest), a Cloud Storage emulator (gcstest), the
 // sandgate binary built for tests (gobuild), a stand-in for Google's
 // sandbox CLI (googlecli), the assembled service (stacktest, servetest)
-// and a goroutine-safe buffer (syncbuf). internal/'s other packages are
+// a goroutine-safe buffer (syncbuf) and a headless Chromium driven over the DevTools protocol (browser). internal/'s other packages are
 // production helpers.
 package testkit

@@ -88,6 +88,8 @@ type Config struct {
 	// Bridge configures the Cloudflare bridge's routes (its Key, the
 	// network of its sandboxes).
 	Bridge bridge.Config
+	// NoConsole turns the web console off (SANDGATE_CONSOLE=false).
+	NoConsole bool
 }
 
 // Stack is a running stack. Close it when done.
@@ -217,7 +219,7 @@ func Start(cfg Config) (s *Stack, err error) {
 		UpstreamRoots: s.CA.Pool, AuditLog: s.Log, AuditFlush: cfg.AuditFlush, Modules: cfg.Modules, InterceptCA: s.InterceptCA,
 		Store:    st,
 		Launcher: appliance.LauncherConfig{CLI: bin, AgentBinary: bin, StateDir: s.StateDir, PrivateDir: dir, Capture: !cfg.NoCapture},
-		Manager:  mc, Server: sc, Bridge: cfg.Bridge, Logger: s.Logger,
+		Manager:  mc, Server: sc, Bridge: cfg.Bridge, Logger: s.Logger, NoConsole: cfg.NoConsole,
 	})
 	if err != nil {
 		return nil, err
