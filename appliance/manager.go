@@ -93,9 +93,14 @@ type ManagerConfig struct {
 	// OutputBytes is how much of each command's output is kept for
 	// streams that start late or resume (Exec); 0 means
 	// DefaultOutputBytes. ProcessRetention is how long a command is known
-	// after it exits; 0 means DefaultProcessRetention.
+	// after it exits; 0 means DefaultProcessRetention. OutputBudget is
+	// how much output is kept of all commands together: past it the
+	// output of the commands that finished first is dropped first, then
+	// running commands keep an equal share each (see outputBudget); 0
+	// means DefaultOutputBudget, negative no bound.
 	OutputBytes      int
 	ProcessRetention time.Duration
+	OutputBudget     int64
 	// Modules compiles sandboxes' own WebAssembly transform modules
 	// (SetModules); nil means the service runs none.
 	Modules *wasm.Runtime
@@ -227,6 +232,8 @@ type Manager struct {
 	work  string
 	log   *slog.Logger
 	met   *metrics
+	// output bounds the output kept of every command (OutputBudget).
+	output *outputBudget
 
 	mu       sync.Mutex
 	boxes    map[string]*box
@@ -339,9 +346,13 @@ func NewManager(ctx context.Context, cfg ManagerConfig) (*Manager, error) {
 	if cfg.ProcessRetention <= 0 {
 		cfg.ProcessRetention = DefaultProcessRetention
 	}
+	if cfg.OutputBudget == 0 {
+		cfg.OutputBudget = DefaultOutputBudget
+	}
 	if cfg.AuditRetention == 0 {
 		cfg.AuditRetention = DefaultAuditRetention
 	}
+	output := newOutputBudget(cfg.OutputBudget)
 	work := cfg.WorkDir
 	if work == "" {
 		work = os.TempDir()
@@ -353,10 +364,11 @@ func NewManager(ctx context.Context, cfg ManagerConfig) (*Manager, error) {
 		cfg: cfg, l: cfg.Launcher, proxy: cfg.Proxy, st: cfg.Store, work: work,
 		ns:    TemplateNamespace(cfg.Version, cfg.ImageID),
 		log:   cfg.Logger,
-		met:   newMetrics(cfg.Metrics),
+		met:   newMetrics(cfg.Metrics, output),
 		boxes: map[string]*box{}, baseRefs: map[string]int{},
 		tlocks: map[string]*nameLock{}, imported: map[string]bool{},
 		audits: NewAuditStore(cfg.Store), started: make(chan struct{}), closing: make(chan struct{}),
+		output: output,
 	}
 	if err := m.joinShards(ctx); err != nil {
 		return nil, err

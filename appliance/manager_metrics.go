@@ -23,7 +23,7 @@ type metrics struct {
 	execs     prometheus.Counter
 }
 
-func newMetrics(reg prometheus.Registerer) *metrics {
+func newMetrics(reg prometheus.Registerer, output *outputBudget) *metrics {
 	m := &metrics{
 		ops: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sandgate_lifecycle_operations_total",
@@ -53,6 +53,14 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.ops, m.durations, m.states, m.running, m.suspended, m.execs)
+		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "sandgate_output_kept_bytes",
+			Help: "Output of commands the service keeps now, all sandboxes (bounded by the output budget).",
+		}, func() float64 { return float64(output.kept()) }))
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "sandgate_output_dropped_bytes_total",
+			Help: "Output of commands dropped to keep the service within its output budget.",
+		}, func() float64 { return float64(output.dropped.Load()) }))
 	}
 	return m
 }
