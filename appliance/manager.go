@@ -125,6 +125,11 @@ type ManagerConfig struct {
 	// (LauncherConfig.Memory, Pids: DefaultMemoryLimit, DefaultPidsLimit);
 	// the other zero fields mean none.
 	Limits Limits
+	// ExpirySweep is how often the store is swept for suspended sandboxes
+	// past their time (Limits.Lifetime, KeepSuspended); 0 means
+	// DefaultExpirySweep. A running sandbox's lifetime is enforced by the
+	// shard running it, within the idle loop's tick.
+	ExpirySweep time.Duration
 	// CheckpointInterval is how often a running sandbox that changed is
 	// saved as it runs (Checkpoint): what a crash of the service loses;
 	// 0 means DefaultCheckpointInterval, negative never.
@@ -258,6 +263,13 @@ type Manager struct {
 	// closing is closed by Close, which ends such waits.
 	started chan struct{}
 	closing chan struct{}
+
+	// expired notes the sandboxes this shard expired (manager_expire.go),
+	// orphans when the spent records of dead shards were first found;
+	// guarded by mu. clockSkew moves the manager's clock (tests).
+	expired   map[string]*ExpiredError
+	orphans   map[string]time.Time
+	clockSkew atomic.Int64
 }
 
 // box is the manager's record of one id. sem serialises operations on it;
@@ -286,6 +298,9 @@ type box struct {
 	// checkpointed); zero when never (a new sandbox).
 	saved    time.Time
 	sessions sessionTable // its own lock; see manager_sessions.go
+	// expires is when it reaches its lifetime while it runs (unix
+	// nanoseconds; 0 never): read by the idle loop without the id's lock.
+	expires atomic.Int64
 }
 
 func (b *box) getState() State {
@@ -352,6 +367,9 @@ func NewManager(ctx context.Context, cfg ManagerConfig) (*Manager, error) {
 	if cfg.AuditRetention == 0 {
 		cfg.AuditRetention = DefaultAuditRetention
 	}
+	if cfg.ExpirySweep <= 0 {
+		cfg.ExpirySweep = DefaultExpirySweep
+	}
 	output := newOutputBudget(cfg.OutputBudget)
 	work := cfg.WorkDir
 	if work == "" {
@@ -368,7 +386,7 @@ func NewManager(ctx context.Context, cfg ManagerConfig) (*Manager, error) {
 		boxes: map[string]*box{}, baseRefs: map[string]int{},
 		tlocks: map[string]*nameLock{}, imported: map[string]bool{},
 		audits: NewAuditStore(cfg.Store), started: make(chan struct{}), closing: make(chan struct{}),
-		output: output,
+		output: output, expired: map[string]*ExpiredError{},
 	}
 	if err := m.joinShards(ctx); err != nil {
 		return nil, err
@@ -387,6 +405,7 @@ func NewManager(ctx context.Context, cfg ManagerConfig) (*Manager, error) {
 	if cfg.CheckpointInterval > 0 {
 		m.loops.Go(func() { m.checkpointLoop(loopCtx) })
 	}
+	m.loops.Go(func() { m.expiryLoop(loopCtx) })
 	return m, nil
 }
 
@@ -481,6 +500,9 @@ func (m *Manager) Sandbox(id string) (*Sandbox, error) {
 			return sb, nil
 		}
 	}
+	if err := m.localExpiry(id); err != nil {
+		return nil, err
+	}
 	return nil, fmt.Errorf("%w: sandbox %q is not running", ErrNotRunning, id)
 }
 
@@ -522,6 +544,7 @@ func (m *Manager) Create(ctx context.Context, id string, opts CreateOptions) (sb
 	} else if !errors.Is(err, store.ErrNotFound) {
 		return nil, err
 	}
+	m.forgetExpiry(ctx, id) // the id is new again
 	network, err := m.effectiveNetwork(opts.Network, opts.Rules)
 	if err != nil {
 		return nil, err
@@ -590,6 +613,9 @@ func (m *Manager) Resume(ctx context.Context, id string, opts ResumeOptions) (sb
 	}()
 	rec, err := m.suspended(ctx, id)
 	if errors.Is(err, store.ErrNotFound) {
+		if e := m.expiry(ctx, id); e != nil {
+			return nil, e
+		}
 		return nil, fmt.Errorf("%w: sandbox %q is neither running nor suspended", ErrNotFound, id)
 	}
 	if err != nil {
@@ -773,16 +799,53 @@ func (m *Manager) Destroy(ctx context.Context, id string) (err error) {
 		return err
 	}
 	defer release()
+	m.forgetExpiry(ctx, id)
+	_, err = m.destroyLocked(ctx, b, destroyOptions{})
+	return err
+}
+
+// destroyOptions are what destroyLocked keeps or checks: an expiry keeps
+// the audit, and removes a suspended sandbox only at the generation of
+// its record it judged (ifGen; 0: whatever it is).
+type destroyOptions struct {
+	keepAudit bool
+	ifGen     int64
+}
+
+// destroyLocked is Destroy under the id's lock. It reports whether the
+// sandbox was there to destroy, running or suspended.
+func (m *Manager) destroyLocked(ctx context.Context, b *box, o destroyOptions) (bool, error) {
+	id := b.id
+	if o.ifGen != 0 && b.getState() != "" {
+		return false, nil // judged suspended, it runs here now
+	}
 	if err := m.takeLease(ctx, b); err != nil {
-		return err // *cluster.HeldError (ErrElsewhere): it runs there
+		return false, err // *cluster.HeldError (ErrElsewhere): it runs there
 	}
 	defer m.releaseLease(ctx, b)
 	sb := b.live.Load()
+	var rec *record
+	if o.ifGen != 0 {
+		// Judged suspended at that generation: a resume, a save or a
+		// destroy since has changed it, and it stays as it is now.
+		r, err := m.suspended(ctx, id)
+		if errors.Is(err, store.ErrNotFound) {
+			return false, nil
+		}
+		if err != nil || r.gen != o.ifGen {
+			return false, err
+		}
+		rec = r
+	}
 	if sb != nil {
 		b.live.Store(nil)
+		if o.keepAudit {
+			sb.KillAll(ctx)
+			m.sealAudit(ctx, sb)
+		}
 		if err := sb.Destroy(ctx); err != nil && !errors.Is(err, ErrNotFound) {
 			b.live.Store(sb)
-			return err
+			return false, err
 		}
 		b.state.Store(State(""))
 		m.setBase(b, nil)
@@ -792,32 +855,37 @@ func (m *Manager) Destroy(ctx context.Context, id string) (err error) {
 		// A sandbox the CLI still has that the manager does not know (a
 		// restart could not save it): remove it too.
 		if err := m.l.Delete(ctx, id); err != nil && !errors.Is(err, ErrNotFound) {
-			return err
+			return false, err
 		}
 	}
-	if err := m.removeAudit(ctx, id, sb); err != nil {
-		return err
+	if !o.keepAudit {
+		if err := m.removeAudit(ctx, id, sb); err != nil {
+			return sb != nil, err
+		}
 	}
 	if err := m.dropSessions(ctx, b); err != nil {
-		return err
+		return sb != nil, err
 	}
-	rec, err := m.suspended(ctx, id)
-	switch {
-	case errors.Is(err, store.ErrNotFound):
-		return nil
-	case err != nil:
-		return err
+	if rec == nil {
+		r, err := m.suspended(ctx, id)
+		switch {
+		case errors.Is(err, store.ErrNotFound):
+			return sb != nil, nil
+		case err != nil:
+			return sb != nil, err
+		}
+		rec = r
 	}
 	if !rec.legacy {
 		if err := m.deleteRecord(ctx, snapshotRecordKey(id), rec); err != nil {
-			return err
+			return sb != nil, err
 		}
 	}
 	if err := m.dropLegacy(ctx, id); err != nil {
-		return err
+		return true, err
 	}
 	m.met.suspended.Dec()
-	return nil
+	return true, nil
 }
 
 // ForkOptions are what Fork gives the new sandbox. A zero Network takes
@@ -955,6 +1023,9 @@ func (m *Manager) Get(ctx context.Context, id string) (Info, error) {
 	}
 	rec, err := m.suspended(ctx, id)
 	if errors.Is(err, store.ErrNotFound) {
+		if e := m.expiry(ctx, id); e != nil {
+			return Info{}, e
+		}
 		return Info{}, fmt.Errorf("%w: sandbox %q is neither running nor suspended", ErrNotFound, id)
 	}
 	if err != nil {
