@@ -88,7 +88,7 @@ Run (IAM in front) or with --allow-open.`,
 			&cli.StringFlag{Name: "bridge-base-urls", Usage: "`NAME=URL,...` base URL variables the sandboxes the bridge starts get, over --base-urls", EnvVars: []string{"SANDGATE_BRIDGE_BASE_URLS"}},
 			&cli.StringFlag{Name: "bridge-max-body", Value: "1g", Usage: "largest file write or hydrate tar the bridge takes, `SIZE`", EnvVars: []string{"SANDGATE_BRIDGE_MAX_BODY"}},
 			&cli.GenericFlag{Name: "transform-module", Value: &moduleSpecs{}, Usage: "apply the WebAssembly module in `FILE[?CONFIG]` to every sandbox's base-URL routes, before its own modules and the credential swap; repeatable"},
-		}, shardFlags(), dnsFlags(), wasmRuntimeFlags()),
+		}, auditLogFlags(), shardFlags(), dnsFlags(), wasmRuntimeFlags()),
 		OnUsageError: usageError,
 		Action:       runServe,
 	}
@@ -287,9 +287,9 @@ func runServe(c *cli.Context) error {
 		return badInput("refusing to listen on %s without a service token: set SANDBOX_SERVICE_TOKEN, listen on loopback (HOST=127.0.0.1), or pass --allow-open on a network you trust", ln.Addr())
 	}
 
-	auditOut, closeAudit, err := openAuditLog(c.String("audit-log"), c.App.Writer)
+	auditOut, closeAudit, err := openAuditLog(c, c.App.Writer)
 	if err != nil {
-		return badInput("SANDGATE_AUDIT_LOG (--audit-log): %v", err)
+		return badInput("%v", err)
 	}
 	defer closeAudit()
 	roots, err := upstreamRoots(c.StringSlice("upstream-ca"))
