@@ -287,7 +287,7 @@ type box struct {
 	base     *record
 	spec     NetworkSpec // what the caller said (running sandboxes)
 	network  Network     // what applies: derived from spec and the rules
-	modules  []ModuleSource
+	modules  []heldModule
 	limits   Limits // its own (CreateOptions); see effectiveLimits
 	// lease is the sandbox's lease, held while it runs here; recGen the
 	// generation of its record as this service last read or wrote it (0:
@@ -558,8 +558,13 @@ func (m *Manager) Create(ctx context.Context, id string, opts CreateOptions) (sb
 	if err := m.reserve(); err != nil {
 		return nil, err
 	}
+	held, err := m.storeSources(ctx, opts.Modules)
+	if err != nil {
+		m.unreserve()
+		return nil, err
+	}
 	b.created, b.template, b.spec, b.network, b.saved = time.Now().UTC(), opts.Template, opts.Network, network, time.Time{}
-	b.modules = cloneSources(opts.Modules)
+	b.modules = held
 	b.limits = opts.Limits
 	m.setBase(b, base)
 	sb, err = m.start(ctx, b, nil, startOptions{Rules: opts.Rules, Agent: opts.Agent, Dirs: opts.Dirs})
@@ -976,7 +981,7 @@ func (m *Manager) Fork(ctx context.Context, src, dst string, opts ForkOptions) (
 			m.unreserve()
 			return "", err
 		}
-		db.created, db.template, db.spec, db.network, db.modules = time.Now().UTC(), sb.template, spec, network, cloneSources(sb.modules)
+		db.created, db.template, db.spec, db.network, db.modules = time.Now().UTC(), sb.template, spec, network, slices.Clone(sb.modules)
 		db.limits = sb.limits
 		m.setBase(db, sb.base)
 		if _, err := m.attach(ctx, db, startOptions{Rules: opts.Rules, Agent: opts.Agent}); err != nil {

@@ -371,7 +371,7 @@ func runServe(c *cli.Context) error {
 		Server: server.Config{
 			Token: c.String("token"), LocalOnly: loopback && c.String("token") == "", LocalHosts: splitAll([]string{c.String("local-hostnames")}),
 			Version: serveVersion(), Home: c.String("home"), WorkDir: c.String("workdir"), Path: c.String("path"),
-			EgressPort: c.Int("egress-port"),
+			EgressPort: c.Int("egress-port"), MaxModuleBytes: int64(rt.Config().MaxModuleBytes), TempDir: filepath.Join(state, "work"),
 		},
 		Bridge: bridge.Config{
 			Key: c.String("bridge-key"), MaxBody: sc.bridgeMaxBody,
