@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"runtime"
+	"slices"
 	"testing"
 	"time"
 )
@@ -92,5 +95,69 @@ func TestSameModuleLoadedTwiceAtOnceSharesItsCode(t *testing.T) {
 	}
 	if got := r.Live().Compiled; got != 1 {
 		t.Errorf("%d compiled forms of one module", got)
+	}
+}
+
+// withCustomSection is bin with a custom section of size bytes, numbered
+// n (each its own digest): a Go guest's DWARF, or a hostile upload's
+// padding.
+func withCustomSection(bin []byte, size, n int) []byte {
+	uleb := func(b []byte, v int) []byte {
+		for ; v >= 0x80; v >>= 7 {
+			b = append(b, byte(v)|0x80)
+		}
+		return append(b, byte(v))
+	}
+	body := append(uleb(nil, len("padding")), "padding"...)
+	pad := make([]byte, size)
+	copy(pad, fmt.Sprintf("module %d", n))
+	body = append(body, pad...)
+	out := append(slices.Clone(bin), 0x00)
+	out = uleb(out, len(body))
+	return append(out, body...)
+}
+
+func liveHeap() int64 {
+	runtime.GC()
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return int64(ms.HeapAlloc)
+}
+
+// Twenty uploads of large modules kept serve's heap hundreds of MB above
+// what it runs: wazero kept every custom section of every compiled module
+// (for DWARF stack traces). A loaded module holds its code, not its
+// custom sections.
+func TestLoadedModuleKeepsNoCustomSection(t *testing.T) {
+	r := newRuntime(t, Config{})
+	// The smallest module the runtime loads (a memory of one page, and
+	// handle_request returning 1): what it holds is its section's or not.
+	bin := []byte{
+		0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00, // magic, version
+		0x01, 0x05, 0x01, 0x60, 0x00, 0x01, 0x7e, // type 0: () -> i64
+		0x03, 0x02, 0x01, 0x00, // func 0: type 0
+		0x05, 0x03, 0x01, 0x00, 0x01, // memory 0: 1 page
+		0x07, 0x1b, 0x02, // exports:
+		0x06, 'm', 'e', 'm', 'o', 'r', 'y', 0x02, 0x00,
+		0x0e, 'h', 'a', 'n', 'd', 'l', 'e', '_', 'r', 'e', 'q', 'u', 'e', 's', 't', 0x00, 0x00,
+		0x0a, 0x06, 0x01, 0x04, 0x00, 0x42, 0x01, 0x0b, // code: i64.const 1
+	}
+	before := liveHeap()
+	var mods []*Module
+	for i := range 4 {
+		m, err := r.Load(context.Background(), "padded", withCustomSection(bin, 8<<20, i), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mods = append(mods, m)
+	}
+	grew := liveHeap() - before
+	for _, m := range mods {
+		m.Close(context.Background())
+	}
+	// Four modules of their code (KiB) and no 8 MiB section each.
+	if grew > 8<<20 {
+		t.Errorf("four loaded modules with 8 MiB custom sections hold %d MiB of heap", grew>>20)
 	}
 }

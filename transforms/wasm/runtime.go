@@ -207,8 +207,14 @@ func NewRuntime(ctx context.Context, cfg Config) (*Runtime, error) {
 	// No WithCloseOnContextDone: calls are bounded by the checks bound
 	// adds to every guest (bound.go), which cost a call nothing until it
 	// must stop.
+	//
+	// No debug info: with it, wazero keeps every custom section of every
+	// module compiled (a Go guest's DWARF is megabytes; a hostile upload's
+	// custom section is as large as the module cap), for source lines in
+	// a guest's stack trace, which sandgate's failures do not print.
 	rc := wazero.NewRuntimeConfigCompiler().
-		WithMemoryLimitPages(cfg.MemoryLimitPages)
+		WithMemoryLimitPages(cfg.MemoryLimitPages).
+		WithDebugInfoEnabled(false)
 	var cache wazero.CompilationCache
 	if cfg.CacheDir != "off" {
 		dir, err := cacheDir(cfg.CacheDir)
