@@ -133,7 +133,7 @@ func (m *Manager) Exec(ctx context.Context, id string, req ExecRequest) (*Proces
 	case err != nil:
 		return nil, err
 	default:
-		p.agent = ap
+		p.agent.Store(ap)
 		if gs != nil {
 			gs.proc <- ap
 		}
@@ -151,6 +151,7 @@ func (m *Manager) Exec(ctx context.Context, id string, req ExecRequest) (*Proces
 			if refused := gs.refused(); refused != nil {
 				processOutput{p, Stderr}.Write([]byte("sandgate: the command was killed and its stdin cut short: " + refused.Error() + "\n"))
 			}
+			p.agent.Store(nil) // what is kept of it is its output and exit code
 			p.finish(code)
 		}()
 	}

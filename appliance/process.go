@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -34,9 +35,12 @@ var ErrOutputDropped = errors.New("output dropped")
 // output may be dropped sooner, oldest finished command first, to keep the
 // service within its output budget (outputBudget).
 type Process struct {
-	id     string
-	agent  *agent.Process // nil for a command that could not start
-	budget *outputBudget  // nil: only limit bounds it
+	id string
+	// agent is the command while it runs: nil for one that could not
+	// start, and once it exited (its stream's buffers go with it: a
+	// finished process is kept ProcessRetention).
+	agent  atomic.Pointer[agent.Process]
+	budget *outputBudget // nil: only limit bounds it
 
 	mu        sync.Mutex
 	cond      *sync.Cond
@@ -274,13 +278,14 @@ func (p *Process) Wait(ctx context.Context) (code int, ok bool) {
 // Signal sends sig to the process and everything it started (its process
 // group). One that has exited, or never started, is left alone.
 func (p *Process) Signal(ctx context.Context, sig syscall.Signal) error {
-	if p.agent == nil {
+	ap := p.agent.Load()
+	if ap == nil {
 		return nil
 	}
 	if _, exited := p.Exit(); exited {
 		return nil
 	}
-	err := p.agent.Signal(ctx, sig)
+	err := ap.Signal(ctx, sig)
 	if _, exited := p.Exit(); exited {
 		return nil
 	}
