@@ -49,7 +49,7 @@ func main() {
 	uploads := flag.Int("uploads", 20, "module uploads at once")
 	sandboxes := flag.Int("sandboxes", 4, "sandboxes the uploads are spread over (the commands run in the first)")
 	module := flag.Int("module", 8<<20, "bytes of each module uploaded (a small module and a custom section)")
-	bound := flag.Int("bound", 256, "the bound on serve's RSS to compare with, MiB")
+	bound := flag.Int("bound", 320, "the bound on serve's RSS to compare with, MiB (README.md, \"Limits\")")
 	logFile := flag.String("log", "", "write serve's log to `FILE` (run with GODEBUG=gctrace=1 to see its live heap at each collection)")
 	flag.Parse()
 	if os.Geteuid() != 0 {
