@@ -38,6 +38,7 @@ import (
 	"time"
 
 	"github.com/sandgate/sandgate/api/client"
+	"github.com/sandgate/sandgate/internal/testkit/wasmbin"
 )
 
 func main() {
@@ -139,7 +140,7 @@ func run(srv *serve, commands, parallel, output, uploads, sandboxes, module, bou
 	errs := make(chan error, uploads)
 	for i := range uploads {
 		wg.Go(func() {
-			mod := client.Module{Name: fmt.Sprintf("m%d", i), Wasm: paddedModule(module, i)}
+			mod := client.Module{Name: fmt.Sprintf("m%d", i), Wasm: wasmbin.Padded(wasmbin.Pass(), module, i)}
 			for try := 0; ; try++ {
 				err := boxes[i%len(boxes)].SetModules(ctx, []client.Module{mod})
 				var se *client.ServiceError
@@ -187,46 +188,6 @@ func cmp(a, b error) error {
 		return a
 	}
 	return b
-}
-
-// passModule is the smallest module the runtime loads: a memory, and
-// handle_request returning 1 (pass the request on).
-var passModule = []byte{
-	0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00, // magic, version
-	0x01, 0x05, 0x01, 0x60, 0x00, 0x01, 0x7e, // type 0: () -> i64
-	0x03, 0x02, 0x01, 0x00, // func 0: type 0
-	0x05, 0x03, 0x01, 0x00, 0x01, // memory 0: 1 page
-	0x07, 0x1b, 0x02, // exports:
-	0x06, 'm', 'e', 'm', 'o', 'r', 'y', 0x02, 0x00,
-	0x0e, 'h', 'a', 'n', 'd', 'l', 'e', '_', 'r', 'e', 'q', 'u', 'e', 's', 't', 0x00, 0x00,
-	0x0a, 0x06, 0x01, 0x04, 0x00, 0x42, 0x01, 0x0b, // code: i64.const 1
-}
-
-// paddedModule is passModule with a custom section making it size bytes,
-// its padding numbered n (each upload its own digest).
-func paddedModule(size, n int) []byte {
-	name := []byte("padding")
-	payload := max(0, size-len(passModule)-16)
-	body := append(uleb(nil, len(name)), name...)
-	pad := make([]byte, payload)
-	copy(pad, fmt.Sprintf("upload %d", n))
-	body = append(body, pad...)
-	out := append([]byte{}, passModule...)
-	out = append(out, 0x00)
-	out = uleb(out, len(body))
-	return append(out, body...)
-}
-
-func uleb(b []byte, v int) []byte {
-	for {
-		c := byte(v & 0x7f)
-		v >>= 7
-		if v != 0 {
-			b = append(b, c|0x80)
-			continue
-		}
-		return append(b, c)
-	}
 }
 
 // serve is a running `sandgate serve`.

@@ -4,11 +4,11 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"runtime"
-	"slices"
 	"testing"
 	"time"
+
+	"github.com/sandgate/sandgate/internal/testkit/wasmbin"
 )
 
 // Six concurrent module uploads of 64 MiB pushed serve's heap to 1.2 GB:
@@ -98,25 +98,6 @@ func TestSameModuleLoadedTwiceAtOnceSharesItsCode(t *testing.T) {
 	}
 }
 
-// withCustomSection is bin with a custom section of size bytes, numbered
-// n (each its own digest): a Go guest's DWARF, or a hostile upload's
-// padding.
-func withCustomSection(bin []byte, size, n int) []byte {
-	uleb := func(b []byte, v int) []byte {
-		for ; v >= 0x80; v >>= 7 {
-			b = append(b, byte(v)|0x80)
-		}
-		return append(b, byte(v))
-	}
-	body := append(uleb(nil, len("padding")), "padding"...)
-	pad := make([]byte, size)
-	copy(pad, fmt.Sprintf("module %d", n))
-	body = append(body, pad...)
-	out := append(slices.Clone(bin), 0x00)
-	out = uleb(out, len(body))
-	return append(out, body...)
-}
-
 func liveHeap() int64 {
 	runtime.GC()
 	runtime.GC()
@@ -131,22 +112,11 @@ func liveHeap() int64 {
 // custom sections.
 func TestLoadedModuleKeepsNoCustomSection(t *testing.T) {
 	r := newRuntime(t, Config{})
-	// The smallest module the runtime loads (a memory of one page, and
-	// handle_request returning 1): what it holds is its section's or not.
-	bin := []byte{
-		0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00, // magic, version
-		0x01, 0x05, 0x01, 0x60, 0x00, 0x01, 0x7e, // type 0: () -> i64
-		0x03, 0x02, 0x01, 0x00, // func 0: type 0
-		0x05, 0x03, 0x01, 0x00, 0x01, // memory 0: 1 page
-		0x07, 0x1b, 0x02, // exports:
-		0x06, 'm', 'e', 'm', 'o', 'r', 'y', 0x02, 0x00,
-		0x0e, 'h', 'a', 'n', 'd', 'l', 'e', '_', 'r', 'e', 'q', 'u', 'e', 's', 't', 0x00, 0x00,
-		0x0a, 0x06, 0x01, 0x04, 0x00, 0x42, 0x01, 0x0b, // code: i64.const 1
-	}
+	bin := wasmbin.Pass() // what it holds is its section's or not
 	before := liveHeap()
 	var mods []*Module
 	for i := range 4 {
-		m, err := r.Load(context.Background(), "padded", withCustomSection(bin, 8<<20, i), nil)
+		m, err := r.Load(context.Background(), "padded", wasmbin.Padded(bin, 8<<20, i), nil)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -134,19 +134,9 @@ func (r *Runtime) acquireLoad(ctx context.Context, name string) (func(), error) 
 // once one of the runtime's load slots is held, so loads queued behind
 // others hold none of their bytes in memory.
 func (r *Runtime) LoadReader(ctx context.Context, name string, src io.Reader, config []byte) (*Module, error) {
-	if name == "" {
-		name = "module"
-	}
-	release, err := r.acquireLoad(ctx, name)
-	if err != nil {
-		return nil, err
-	}
-	defer release()
-	bin, err := io.ReadAll(io.LimitReader(src, int64(r.cfg.MaxModuleBytes)+1))
-	if err != nil {
-		return nil, loadError(name, err, "cannot read it")
-	}
-	return r.load(ctx, name, bin, config)
+	return r.loadInTurn(ctx, name, config, func() ([]byte, error) {
+		return io.ReadAll(io.LimitReader(src, int64(r.cfg.MaxModuleBytes)+1))
+	})
 }
 
 // Load compiles bin (or reuses its compiled form), checks it, and starts
@@ -155,11 +145,16 @@ func (r *Runtime) LoadReader(ctx context.Context, name string, src io.Reader, co
 // (or with another signature), exports neither handle_request nor
 // handle_response (or either with the wrong signature), exports no memory,
 // or whose start function exits (a command module). name identifies the
-// module in errors, logs and audit events.
-// At most Config.MaxConcurrentLoads load at once (the others queue, up
-// to Config.MaxLoadQueue: past it ErrLoadBusy), and a module over
-// Config.MaxModuleBytes is ErrModuleTooLarge.
+// module in errors, logs and audit events. At most Config.MaxConcurrentLoads
+// load at once (the others queue, up to Config.MaxLoadQueue: past it
+// ErrLoadBusy), and a module over Config.MaxModuleBytes is
+// ErrModuleTooLarge.
 func (r *Runtime) Load(ctx context.Context, name string, bin []byte, config []byte) (*Module, error) {
+	return r.loadInTurn(ctx, name, config, func() ([]byte, error) { return bin, nil })
+}
+
+// loadInTurn loads the module read gets, once a load slot is held.
+func (r *Runtime) loadInTurn(ctx context.Context, name string, config []byte, read func() ([]byte, error)) (*Module, error) {
 	if name == "" {
 		name = "module"
 	}
@@ -168,6 +163,10 @@ func (r *Runtime) Load(ctx context.Context, name string, bin []byte, config []by
 		return nil, err
 	}
 	defer release()
+	bin, err := read()
+	if err != nil {
+		return nil, loadError(name, err, "cannot read it")
+	}
 	return r.load(ctx, name, bin, config)
 }
 
