@@ -544,7 +544,9 @@ func (m *Manager) Create(ctx context.Context, id string, opts CreateOptions) (sb
 	} else if !errors.Is(err, store.ErrNotFound) {
 		return nil, err
 	}
-	m.forgetExpiry(ctx, id) // the id is new again
+	m.mu.Lock()
+	delete(m.expired, id) // the id is new again (the store's note goes at its destroy)
+	m.mu.Unlock()
 	network, err := m.effectiveNetwork(opts.Network, opts.Rules)
 	if err != nil {
 		return nil, err

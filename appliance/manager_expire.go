@@ -20,8 +20,9 @@ import (
 // note of the expiry:
 //
 //	expired/<id>.json   when sandbox <id> expired and why; what a call for
-//	                    it is told (ErrExpired, a 404) until the id is
-//	                    created again or the audit's retention ends
+//	                    a sandbox of that id that is not there is told
+//	                    (ErrExpired, a 404), until one of that id is
+//	                    destroyed or the audit's retention ends
 //
 // "Suspended since" is its record's Saved: the save that suspended it. A
 // record still marked spent whose shard died without saving it counts
@@ -223,8 +224,8 @@ func (m *Manager) noteExpiry(ctx context.Context, e *ExpiredError) {
 	}
 }
 
-// forgetExpiry drops the note of id's expiry: it is created, or destroyed,
-// again.
+// forgetExpiry drops the note of id's expiry: a sandbox of that id is
+// destroyed.
 func (m *Manager) forgetExpiry(ctx context.Context, id string) {
 	m.mu.Lock()
 	delete(m.expired, id)
