@@ -93,9 +93,14 @@ type ManagerConfig struct {
 	// OutputBytes is how much of each command's output is kept for
 	// streams that start late or resume (Exec); 0 means
 	// DefaultOutputBytes. ProcessRetention is how long a command is known
-	// after it exits; 0 means DefaultProcessRetention.
+	// after it exits; 0 means DefaultProcessRetention. OutputBudget is
+	// how much output is kept of all commands together: past it the
+	// output of the commands that finished first is dropped first, then
+	// running commands keep an equal share each (see outputBudget); 0
+	// means DefaultOutputBudget, negative no bound.
 	OutputBytes      int
 	ProcessRetention time.Duration
+	OutputBudget     int64
 	// Modules compiles sandboxes' own WebAssembly transform modules
 	// (SetModules); nil means the service runs none.
 	Modules *wasm.Runtime
@@ -120,6 +125,11 @@ type ManagerConfig struct {
 	// (LauncherConfig.Memory, Pids: DefaultMemoryLimit, DefaultPidsLimit);
 	// the other zero fields mean none.
 	Limits Limits
+	// ExpirySweep is how often the store is swept for suspended sandboxes
+	// past their time (Limits.Lifetime, KeepSuspended); 0 means
+	// DefaultExpirySweep. A running sandbox's lifetime is enforced by the
+	// shard running it, within the idle loop's tick.
+	ExpirySweep time.Duration
 	// CheckpointInterval is how often a running sandbox that changed is
 	// saved as it runs (Checkpoint): what a crash of the service loses;
 	// 0 means DefaultCheckpointInterval, negative never.
@@ -227,6 +237,8 @@ type Manager struct {
 	work  string
 	log   *slog.Logger
 	met   *metrics
+	// output bounds the output kept of every command (OutputBudget).
+	output *outputBudget
 
 	mu       sync.Mutex
 	boxes    map[string]*box
@@ -251,6 +263,13 @@ type Manager struct {
 	// closing is closed by Close, which ends such waits.
 	started chan struct{}
 	closing chan struct{}
+
+	// expired notes the sandboxes this shard expired (manager_expire.go),
+	// orphans when the spent records of dead shards were first found;
+	// guarded by mu. clockSkew moves the manager's clock (tests).
+	expired   map[string]*ExpiredError
+	orphans   map[string]time.Time
+	clockSkew atomic.Int64
 }
 
 // box is the manager's record of one id. sem serialises operations on it;
@@ -268,7 +287,7 @@ type box struct {
 	base     *record
 	spec     NetworkSpec // what the caller said (running sandboxes)
 	network  Network     // what applies: derived from spec and the rules
-	modules  []ModuleSource
+	modules  []heldModule
 	limits   Limits // its own (CreateOptions); see effectiveLimits
 	// lease is the sandbox's lease, held while it runs here; recGen the
 	// generation of its record as this service last read or wrote it (0:
@@ -279,6 +298,9 @@ type box struct {
 	// checkpointed); zero when never (a new sandbox).
 	saved    time.Time
 	sessions sessionTable // its own lock; see manager_sessions.go
+	// expires is when it reaches its lifetime while it runs (unix
+	// nanoseconds; 0 never): read by the idle loop without the id's lock.
+	expires atomic.Int64
 }
 
 func (b *box) getState() State {
@@ -339,9 +361,16 @@ func NewManager(ctx context.Context, cfg ManagerConfig) (*Manager, error) {
 	if cfg.ProcessRetention <= 0 {
 		cfg.ProcessRetention = DefaultProcessRetention
 	}
+	if cfg.OutputBudget == 0 {
+		cfg.OutputBudget = DefaultOutputBudget
+	}
 	if cfg.AuditRetention == 0 {
 		cfg.AuditRetention = DefaultAuditRetention
 	}
+	if cfg.ExpirySweep <= 0 {
+		cfg.ExpirySweep = DefaultExpirySweep
+	}
+	output := newOutputBudget(cfg.OutputBudget)
 	work := cfg.WorkDir
 	if work == "" {
 		work = os.TempDir()
@@ -353,10 +382,11 @@ func NewManager(ctx context.Context, cfg ManagerConfig) (*Manager, error) {
 		cfg: cfg, l: cfg.Launcher, proxy: cfg.Proxy, st: cfg.Store, work: work,
 		ns:    TemplateNamespace(cfg.Version, cfg.ImageID),
 		log:   cfg.Logger,
-		met:   newMetrics(cfg.Metrics),
+		met:   newMetrics(cfg.Metrics, output),
 		boxes: map[string]*box{}, baseRefs: map[string]int{},
 		tlocks: map[string]*nameLock{}, imported: map[string]bool{},
 		audits: NewAuditStore(cfg.Store), started: make(chan struct{}), closing: make(chan struct{}),
+		output: output, expired: map[string]*ExpiredError{},
 	}
 	if err := m.joinShards(ctx); err != nil {
 		return nil, err
@@ -375,6 +405,7 @@ func NewManager(ctx context.Context, cfg ManagerConfig) (*Manager, error) {
 	if cfg.CheckpointInterval > 0 {
 		m.loops.Go(func() { m.checkpointLoop(loopCtx) })
 	}
+	m.loops.Go(func() { m.expiryLoop(loopCtx) })
 	return m, nil
 }
 
@@ -469,6 +500,9 @@ func (m *Manager) Sandbox(id string) (*Sandbox, error) {
 			return sb, nil
 		}
 	}
+	if err := m.localExpiry(id); err != nil {
+		return nil, err
+	}
 	return nil, fmt.Errorf("%w: sandbox %q is not running", ErrNotRunning, id)
 }
 
@@ -510,6 +544,9 @@ func (m *Manager) Create(ctx context.Context, id string, opts CreateOptions) (sb
 	} else if !errors.Is(err, store.ErrNotFound) {
 		return nil, err
 	}
+	m.mu.Lock()
+	delete(m.expired, id) // the id is new again (the store's note goes at its destroy)
+	m.mu.Unlock()
 	network, err := m.effectiveNetwork(opts.Network, opts.Rules)
 	if err != nil {
 		return nil, err
@@ -523,8 +560,13 @@ func (m *Manager) Create(ctx context.Context, id string, opts CreateOptions) (sb
 	if err := m.reserve(); err != nil {
 		return nil, err
 	}
+	held, err := m.storeSources(ctx, opts.Modules)
+	if err != nil {
+		m.unreserve()
+		return nil, err
+	}
 	b.created, b.template, b.spec, b.network, b.saved = time.Now().UTC(), opts.Template, opts.Network, network, time.Time{}
-	b.modules = cloneSources(opts.Modules)
+	b.modules = held
 	b.limits = opts.Limits
 	m.setBase(b, base)
 	sb, err = m.start(ctx, b, nil, startOptions{Rules: opts.Rules, Agent: opts.Agent, Dirs: opts.Dirs})
@@ -578,6 +620,9 @@ func (m *Manager) Resume(ctx context.Context, id string, opts ResumeOptions) (sb
 	}()
 	rec, err := m.suspended(ctx, id)
 	if errors.Is(err, store.ErrNotFound) {
+		if e := m.expiry(ctx, id); e != nil {
+			return nil, e
+		}
 		return nil, fmt.Errorf("%w: sandbox %q is neither running nor suspended", ErrNotFound, id)
 	}
 	if err != nil {
@@ -761,16 +806,53 @@ func (m *Manager) Destroy(ctx context.Context, id string) (err error) {
 		return err
 	}
 	defer release()
+	m.forgetExpiry(ctx, id)
+	_, err = m.destroyLocked(ctx, b, destroyOptions{})
+	return err
+}
+
+// destroyOptions are what destroyLocked keeps or checks: an expiry keeps
+// the audit, and removes a suspended sandbox only at the generation of
+// its record it judged (ifGen; 0: whatever it is).
+type destroyOptions struct {
+	keepAudit bool
+	ifGen     int64
+}
+
+// destroyLocked is Destroy under the id's lock. It reports whether the
+// sandbox was there to destroy, running or suspended.
+func (m *Manager) destroyLocked(ctx context.Context, b *box, o destroyOptions) (bool, error) {
+	id := b.id
+	if o.ifGen != 0 && b.getState() != "" {
+		return false, nil // judged suspended, it runs here now
+	}
 	if err := m.takeLease(ctx, b); err != nil {
-		return err // *cluster.HeldError (ErrElsewhere): it runs there
+		return false, err // *cluster.HeldError (ErrElsewhere): it runs there
 	}
 	defer m.releaseLease(ctx, b)
 	sb := b.live.Load()
+	var rec *record
+	if o.ifGen != 0 {
+		// Judged suspended at that generation: a resume, a save or a
+		// destroy since has changed it, and it stays as it is now.
+		r, err := m.suspended(ctx, id)
+		if errors.Is(err, store.ErrNotFound) {
+			return false, nil
+		}
+		if err != nil || r.gen != o.ifGen {
+			return false, err
+		}
+		rec = r
+	}
 	if sb != nil {
 		b.live.Store(nil)
+		if o.keepAudit {
+			sb.KillAll(ctx)
+			m.sealAudit(ctx, sb)
+		}
 		if err := sb.Destroy(ctx); err != nil && !errors.Is(err, ErrNotFound) {
 			b.live.Store(sb)
-			return err
+			return false, err
 		}
 		b.state.Store(State(""))
 		m.setBase(b, nil)
@@ -780,32 +862,37 @@ func (m *Manager) Destroy(ctx context.Context, id string) (err error) {
 		// A sandbox the CLI still has that the manager does not know (a
 		// restart could not save it): remove it too.
 		if err := m.l.Delete(ctx, id); err != nil && !errors.Is(err, ErrNotFound) {
-			return err
+			return false, err
 		}
 	}
-	if err := m.removeAudit(ctx, id, sb); err != nil {
-		return err
+	if !o.keepAudit {
+		if err := m.removeAudit(ctx, id, sb); err != nil {
+			return sb != nil, err
+		}
 	}
 	if err := m.dropSessions(ctx, b); err != nil {
-		return err
+		return sb != nil, err
 	}
-	rec, err := m.suspended(ctx, id)
-	switch {
-	case errors.Is(err, store.ErrNotFound):
-		return nil
-	case err != nil:
-		return err
+	if rec == nil {
+		r, err := m.suspended(ctx, id)
+		switch {
+		case errors.Is(err, store.ErrNotFound):
+			return sb != nil, nil
+		case err != nil:
+			return sb != nil, err
+		}
+		rec = r
 	}
 	if !rec.legacy {
 		if err := m.deleteRecord(ctx, snapshotRecordKey(id), rec); err != nil {
-			return err
+			return sb != nil, err
 		}
 	}
 	if err := m.dropLegacy(ctx, id); err != nil {
-		return err
+		return true, err
 	}
 	m.met.suspended.Dec()
-	return nil
+	return true, nil
 }
 
 // ForkOptions are what Fork gives the new sandbox. A zero Network takes
@@ -896,7 +983,7 @@ func (m *Manager) Fork(ctx context.Context, src, dst string, opts ForkOptions) (
 			m.unreserve()
 			return "", err
 		}
-		db.created, db.template, db.spec, db.network, db.modules = time.Now().UTC(), sb.template, spec, network, cloneSources(sb.modules)
+		db.created, db.template, db.spec, db.network, db.modules = time.Now().UTC(), sb.template, spec, network, slices.Clone(sb.modules)
 		db.limits = sb.limits
 		m.setBase(db, sb.base)
 		if _, err := m.attach(ctx, db, startOptions{Rules: opts.Rules, Agent: opts.Agent}); err != nil {
@@ -943,6 +1030,9 @@ func (m *Manager) Get(ctx context.Context, id string) (Info, error) {
 	}
 	rec, err := m.suspended(ctx, id)
 	if errors.Is(err, store.ErrNotFound) {
+		if e := m.expiry(ctx, id); e != nil {
+			return Info{}, e
+		}
 		return Info{}, fmt.Errorf("%w: sandbox %q is neither running nor suspended", ErrNotFound, id)
 	}
 	if err != nil {

@@ -90,8 +90,8 @@ func (m *Manager) AuditEvents(ctx context.Context, id string, q audit.Query) (au
 	if err := q.Check(); err != nil {
 		return audit.Page{}, fmt.Errorf("%w: %v", ErrBadInput, err)
 	}
-	if _, err := m.Get(ctx, id); err != nil {
-		return audit.Page{}, err
+	if _, err := m.Get(ctx, id); err != nil && !errors.Is(err, ErrExpired) {
+		return audit.Page{}, err // an expired sandbox's audit is kept
 	}
 	return m.auditPage(ctx, id, q)
 }
@@ -122,8 +122,8 @@ func (m *Manager) FollowAudit(ctx context.Context, id string, q audit.Query, sen
 	if err := q.Check(); err != nil {
 		return fmt.Errorf("%w: %v", ErrBadInput, err)
 	}
-	if _, err := m.Get(ctx, id); err != nil {
-		return err
+	if _, err := m.Get(ctx, id); err != nil && !errors.Is(err, ErrExpired) {
+		return err // an expired sandbox's audit is kept
 	}
 	if err := send(nil); err != nil {
 		return nil

@@ -73,7 +73,8 @@ type ExecRequest struct {
 }
 
 // Exec starts a command in running sandbox id and returns it: its output
-// is kept (the last ManagerConfig.OutputBytes) for Process.Follow, its
+// is kept (the last ManagerConfig.OutputBytes, within the service's
+// OutputBudget) for Process.Follow, its
 // exit code for Process.Wait; the command outlives ctx. Nothing of the
 // sandbox's credentials goes in: the command, its directory, its
 // variables and its stdin are searched for them first (a refusal is
@@ -115,7 +116,7 @@ func (m *Manager) Exec(ctx context.Context, id string, req ExecRequest) (*Proces
 	case len(req.StdinHead) > 0:
 		stdin = bytesReader(req.StdinHead)
 	}
-	p := newProcess(m.cfg.OutputBytes)
+	p := newProcess(m.cfg.OutputBytes, m.output)
 	var gs *guardedStdin
 	if stdin != nil && !g.Empty() {
 		gs = &guardedStdin{r: g.Reader(stdin, whereStdin), proc: make(chan *agent.Process, 1)}
@@ -132,7 +133,7 @@ func (m *Manager) Exec(ctx context.Context, id string, req ExecRequest) (*Proces
 	case err != nil:
 		return nil, err
 	default:
-		p.agent = ap
+		p.agent.Store(ap)
 		if gs != nil {
 			gs.proc <- ap
 		}
@@ -150,6 +151,7 @@ func (m *Manager) Exec(ctx context.Context, id string, req ExecRequest) (*Proces
 			if refused := gs.refused(); refused != nil {
 				processOutput{p, Stderr}.Write([]byte("sandgate: the command was killed and its stdin cut short: " + refused.Error() + "\n"))
 			}
+			p.agent.Store(nil) // what is kept of it is its output and exit code
 			p.finish(code)
 		}()
 	}

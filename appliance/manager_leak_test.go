@@ -12,22 +12,14 @@ import (
 
 	"github.com/sandgate/sandgate/appliance/agent"
 	"github.com/sandgate/sandgate/internal/testkit/gobuild"
+	"github.com/sandgate/sandgate/internal/testkit/wasmbin"
 	"github.com/sandgate/sandgate/transforms/wasm"
 )
 
 // passModule is the smallest module the runtime loads: a memory, and
 // handle_request returning 1 (pass the request on). Its instances cost
 // microseconds to start, so the cycles measure the sandbox's lifecycle.
-var passModule = []byte{
-	0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00, // magic, version
-	0x01, 0x05, 0x01, 0x60, 0x00, 0x01, 0x7e, // type 0: () -> i64
-	0x03, 0x02, 0x01, 0x00, // func 0: type 0
-	0x05, 0x03, 0x01, 0x00, 0x01, // memory 0: 1 page
-	0x07, 0x1b, 0x02, // exports:
-	0x06, 'm', 'e', 'm', 'o', 'r', 'y', 0x02, 0x00,
-	0x0e, 'h', 'a', 'n', 'd', 'l', 'e', '_', 'r', 'e', 'q', 'u', 'e', 's', 't', 0x00, 0x00,
-	0x0a, 0x06, 0x01, 0x04, 0x00, 0x42, 0x01, 0x0b, // code: i64.const 1
-}
+var passModule = wasmbin.Pass()
 
 // leakCycles is how many cycles each leak test runs: 200, or
 // SANDGATE_LEAK_CYCLES (a longer hunt).

@@ -21,9 +21,10 @@ type metrics struct {
 	running   prometheus.Gauge
 	suspended prometheus.Gauge
 	execs     prometheus.Counter
+	expired   *prometheus.CounterVec
 }
 
-func newMetrics(reg prometheus.Registerer) *metrics {
+func newMetrics(reg prometheus.Registerer, output *outputBudget) *metrics {
 	m := &metrics{
 		ops: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sandgate_lifecycle_operations_total",
@@ -50,9 +51,21 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "sandgate_exec_processes_total",
 			Help: "Commands started by exec.",
 		}),
+		expired: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sandgate_sandboxes_expired_total",
+			Help: "Sandboxes destroyed when their lifetime or their time suspended ran out, by the state they were in (running, suspended).",
+		}, []string{"state"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.ops, m.durations, m.states, m.running, m.suspended, m.execs)
+		reg.MustRegister(m.ops, m.durations, m.states, m.running, m.suspended, m.execs, m.expired)
+		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "sandgate_output_kept_bytes",
+			Help: "Output of commands the service keeps now, all sandboxes (bounded by the output budget).",
+		}, func() float64 { return float64(output.kept()) }))
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "sandgate_output_dropped_bytes_total",
+			Help: "Output of commands dropped to keep the service within its output budget.",
+		}, func() float64 { return float64(output.dropped.Load()) }))
 	}
 	return m
 }

@@ -156,6 +156,11 @@ func (m *Manager) publish(ctx context.Context, b *box, sb *Sandbox, so startOpti
 	b.sessions.mu.Lock()
 	b.sessions.loaded = false
 	b.sessions.mu.Unlock()
+	var expires int64
+	if d := expiryDeadline(b.created, m.effectiveLimits(b.limits)); !d.IsZero() {
+		expires = d.UnixNano()
+	}
+	b.expires.Store(expires)
 	b.live.Store(sb)
 	b.state.Store(Running)
 	m.mu.Lock()

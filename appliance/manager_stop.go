@@ -15,8 +15,9 @@ import (
 	"github.com/sandgate/sandgate/snapshot/store"
 )
 
-// idleLoop suspends sandboxes idle for cfg.IdleSuspend, and forgets
-// commands that exited ProcessRetention ago, until ctx ends.
+// idleLoop suspends sandboxes idle for cfg.IdleSuspend, destroys those
+// past their lifetime, and forgets commands that exited ProcessRetention
+// ago, until ctx ends.
 func (m *Manager) idleLoop(ctx context.Context) {
 	defer close(m.loopDone)
 	every := min(m.cfg.ProcessRetention/4, time.Minute)
@@ -45,6 +46,7 @@ func (m *Manager) idleLoop(ctx context.Context) {
 			}
 		}
 		m.mu.Unlock()
+		m.expireRunning(ctx)
 		for _, id := range idle {
 			m.suspendIdle(ctx, id)
 		}

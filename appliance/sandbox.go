@@ -744,7 +744,18 @@ func (s *Sandbox) forgetProcesses(retention time.Duration) {
 	for id, p := range s.procs {
 		if p.forgettable(retention) {
 			delete(s.procs, id)
+			p.release()
 		}
+	}
+}
+
+// releaseProcesses lets go of every command's output: the sandbox stopped
+// running, and its commands with it.
+func (s *Sandbox) releaseProcesses() {
+	s.pmu.Lock()
+	defer s.pmu.Unlock()
+	for _, p := range s.procs {
+		p.release()
 	}
 }
 
@@ -789,6 +800,7 @@ func (s *Sandbox) Destroy(ctx context.Context) error {
 	}
 	err := s.l.Delete(ctx, s.id)
 	s.relay.Close()
+	s.releaseProcesses()
 	s.mu.Lock()
 	if s.hook != nil {
 		s.hook.Close()

@@ -118,12 +118,12 @@ func (b *Bridge) execOutput(w http.ResponseWriter, r *http.Request) error {
 	if err != nil || off < 0 {
 		return invalid("offset %q: want the number of output bytes already received", q)
 	}
-	start, end := p.Range()
-	switch {
-	case off > end:
+	_, end := p.Range()
+	if off > end {
 		return invalid("offset %d is past the %d bytes of output process %s has written so far", off, end, p.ID())
-	case off < start:
-		return fail(http.StatusGone, codeExec, "bytes before %d of process %s's output are no longer kept", start, p.ID())
+	}
+	if err := p.Available(off); err != nil {
+		return fail(http.StatusGone, codeExec, "%v", err)
 	}
 	w.Header().Set(HeaderProcessID, p.ID())
 	if r.Method == http.MethodHead {

@@ -68,6 +68,10 @@ func status(err error) int {
 		return http.StatusServiceUnavailable
 	case errors.Is(err, agent.ErrLinkDown):
 		return http.StatusBadGateway
+	case errors.Is(err, wasm.ErrModuleTooLarge):
+		return http.StatusRequestEntityTooLarge
+	case errors.Is(err, wasm.ErrLoadBusy):
+		return http.StatusServiceUnavailable
 	case errors.As(err, &we): // a module that does not load
 		return http.StatusBadRequest
 	case errors.Is(err, context.DeadlineExceeded):

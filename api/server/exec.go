@@ -218,12 +218,12 @@ func (s *Server) output(w http.ResponseWriter, r *http.Request) error {
 	if err != nil || off < 0 {
 		return badRequest("offset %q: want the number of output bytes already received", r.URL.Query().Get("offset"))
 	}
-	start, end := p.Range()
+	_, end := p.Range()
 	if off > end {
 		return badRequest("offset %d is past the %d bytes of output process %s has written so far", off, end, p.ID())
 	}
-	if off < start {
-		return errorf(http.StatusGone, "bytes before %d of process %s's output are no longer kept", start, p.ID())
+	if err := p.Available(off); err != nil {
+		return err // 410, saying why and what is still kept
 	}
 	w.Header().Set("Content-Type", "application/octet-stream")
 	w.Header().Set(api.HeaderProcessID, p.ID())

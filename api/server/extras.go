@@ -1,10 +1,8 @@
 package server
 
 import (
+	"bufio"
 	_ "embed"
-	"encoding/base64"
-	"encoding/json"
-	"fmt"
 	"net/http"
 	"net/url"
 	"slices"
@@ -13,7 +11,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/sandgate/sandgate/appliance"
 	"github.com/sandgate/sandgate/relay/audit"
 )
 
@@ -116,49 +113,21 @@ func auditQuery(v url.Values) (audit.Query, error) {
 // {"modules":[{"name":..., "wasm": base64, "config": string}]}, each loaded
 // and checked as `sandgate wasm check` does, run after the service's and
 // before the credential swap, and kept with the sandbox across suspend
-// and resume. An empty list removes them.
+// and resume. An empty list removes them. The body is read as it streams
+// in, each module decoded into a temporary file (moduleBody): what the
+// service holds of an upload is the module it is compiling, a bounded
+// number at a time (503 with Retry-After when too many wait).
 func (s *Server) setModules(w http.ResponseWriter, r *http.Request) error {
 	name := r.PathValue("name")
 	if err := s.mustRun(r.Context(), name); err != nil {
 		return err
 	}
-	o, err := readObject(r, 64<<20)
+	limit := maxModulesPerBody * (s.cfg.MaxModuleBytes*4/3 + 4 + 6*maxModuleConfig + 64<<10)
+	mb := &moduleBody{br: bufio.NewReaderSize(http.MaxBytesReader(w, r.Body, limit), 64<<10), dir: s.cfg.TempDir, maxModule: s.cfg.MaxModuleBytes}
+	defer mb.cleanup()
+	srcs, err := mb.read()
 	if err != nil {
 		return err
-	}
-	if err := o.only("modules", "modules"); err != nil {
-		return err
-	}
-	var items []json.RawMessage
-	if raw, ok := o["modules"]; !ok || !isJSONArray(raw) || json.Unmarshal(raw, &items) != nil {
-		return badRequest("field \"modules\" must be a list of {name, wasm (base64), config}")
-	}
-	var srcs []appliance.ModuleSource
-	for i, item := range items {
-		mo, err := parseObject(item)
-		if err != nil || !isJSONObject(item) {
-			return badRequest("modules[%d]: want {name, wasm (base64), config}", i)
-		}
-		if err := mo.only(fmt.Sprintf("modules[%d]", i), "name", "wasm", "config"); err != nil {
-			return err
-		}
-		modName, _, err := mo.str("name")
-		if err != nil {
-			return badRequest("modules[%d]: %v", i, err)
-		}
-		wasm, _, err := mo.str("wasm")
-		if err != nil {
-			return badRequest("modules[%d]: %v", i, err)
-		}
-		config, _, err := mo.str("config")
-		if err != nil {
-			return badRequest("modules[%d]: %v", i, err)
-		}
-		bin, err := base64.StdEncoding.DecodeString(wasm)
-		if err != nil || modName == "" || len(bin) == 0 {
-			return badRequest("modules[%d]: want a name and the module's bytes in base64", i)
-		}
-		srcs = append(srcs, appliance.ModuleSource{Name: modName, Wasm: bin, Config: []byte(config)})
 	}
 	if err := s.b.SetModules(r.Context(), name, srcs); err != nil {
 		return err

@@ -343,7 +343,22 @@ func (f *fakeBackend) SetModules(ctx context.Context, id string, srcs []applianc
 	if err != nil {
 		return err
 	}
-	b.modules = srcs
+	b.modules = nil
+	for _, src := range srcs { // read now: an upload's files go when the request ends
+		if src.Open != nil {
+			rc, err := src.Open()
+			if err != nil {
+				return err
+			}
+			src.Wasm, err = io.ReadAll(rc)
+			rc.Close()
+			if err != nil {
+				return err
+			}
+			src.Open = nil
+		}
+		b.modules = append(b.modules, src)
+	}
 	return nil
 }
 

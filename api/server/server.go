@@ -26,6 +26,7 @@ import (
 	"github.com/sandgate/sandgate/api"
 	"github.com/sandgate/sandgate/appliance"
 	"github.com/sandgate/sandgate/appliance/agent"
+	"github.com/sandgate/sandgate/transforms/wasm"
 )
 
 // Config is what a Server serves. Backend is required.
@@ -65,6 +66,13 @@ type Config struct {
 	// server's own (OpenAPI). The service gives the one document of all
 	// its routes, the Cloudflare bridge's included.
 	OpenAPI []byte
+	// MaxModuleBytes is the largest WebAssembly module PUT …/modules takes
+	// (413 past it), as the module runtime's wasm.Config.MaxModuleBytes;
+	// 0 means wasm.DefaultMaxModuleBytes. TempDir is where an upload's
+	// modules are decoded to on their way to the runtime; "" means
+	// os.TempDir.
+	MaxModuleBytes int64
+	TempDir        string
 }
 
 func (c Config) withDefaults() Config {
@@ -79,6 +87,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.WaitTimeout <= 0 {
 		c.WaitTimeout = 5 * time.Minute
+	}
+	if c.MaxModuleBytes <= 0 {
+		c.MaxModuleBytes = wasm.DefaultMaxModuleBytes
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)

@@ -22,6 +22,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/sandgate/sandgate/appliance"
+	"github.com/sandgate/sandgate/appliance/localbox"
 	"github.com/sandgate/sandgate/internal/cloudlog"
 	"github.com/sandgate/sandgate/relay"
 	"github.com/sandgate/sandgate/relay/audit"
@@ -58,6 +59,7 @@ audit/<sandbox-id>/, written every --audit-flush and at exit).`,
 				&cli.StringFlag{Name: "sandbox-id", Value: "standalone", Usage: "the sandbox `ID` this proxy's connections are served and audited as"},
 				&cli.DurationFlag{Name: "shutdown-grace", Value: 10 * time.Second, Usage: "on SIGTERM/SIGINT, let requests and tunnels in progress finish for up to `DURATION` before cutting them", EnvVars: []string{"SANDGATE_SHUTDOWN_GRACE"}},
 			},
+			auditLogFlags(),
 			wasmRuntimeFlags(),
 		),
 
@@ -85,9 +87,9 @@ func runProxy(c *cli.Context) error {
 		}
 		rules.Set(list...)
 	}
-	auditOut, closeAudit, err := openAuditLog(c.String("audit-log"), c.App.Writer)
+	auditOut, closeAudit, err := openAuditLog(c, c.App.Writer)
 	if err != nil {
-		return badInput("--audit-log: %v", err)
+		return badInput("%v", err)
 	}
 	defer closeAudit()
 	var ica *ca.Authority
@@ -337,15 +339,40 @@ func upstreamRoots(files []string) (*x509.CertPool, error) {
 	return pool, nil
 }
 
-// openAuditLog opens the audit destination: "-" is stdout, else a file
-// opened for appending.
-func openAuditLog(path string, stdout io.Writer) (io.Writer, func(), error) {
+// auditLogFlags say how serve's and proxy's audit log file is rotated.
+func auditLogFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringFlag{Name: "audit-log-size", Value: "100m", Usage: "rotate the audit log file when it would grow past `SIZE` (FILE to FILE.1, FILE.1 to FILE.2, ...); 0 never", EnvVars: []string{"SANDGATE_AUDIT_LOG_SIZE"}},
+		&cli.IntFlag{Name: "audit-log-keep", Value: audit.DefaultLogKeep, Usage: "keep `N` rotated audit log files, the oldest removed; 0 none", EnvVars: []string{"SANDGATE_AUDIT_LOG_KEEP"}},
+	}
+}
+
+// openAuditLog opens the audit destination: --audit-log "-" is stdout,
+// else a file appended to (0600), rotated by size (--audit-log-size,
+// --audit-log-keep). Its errors name the setting at fault.
+func openAuditLog(c *cli.Context, stdout io.Writer) (io.Writer, func(), error) {
+	size, err := localbox.ParseSize(c.String("audit-log-size"))
+	if err != nil || size < 0 {
+		return nil, nil, fmt.Errorf("SANDGATE_AUDIT_LOG_SIZE (--audit-log-size) %q: want a size such as 100m, or 0 never to rotate", c.String("audit-log-size"))
+	}
+	keep := c.Int("audit-log-keep")
+	if keep < 0 {
+		return nil, nil, fmt.Errorf("SANDGATE_AUDIT_LOG_KEEP (--audit-log-keep) %d: want how many rotated files to keep, 0 for none", keep)
+	}
+	path := c.String("audit-log")
 	if path == "-" || path == "" {
 		return stdout, func() {}, nil
 	}
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	o := audit.FileOptions{MaxBytes: size, Keep: keep}
+	if size == 0 {
+		o.MaxBytes = -1
+	}
+	if keep == 0 {
+		o.Keep = -1
+	}
+	f, err := audit.OpenFile(path, o)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, fmt.Errorf("SANDGATE_AUDIT_LOG (--audit-log): %v", err)
 	}
 	return f, func() { f.Close() }, nil
 }

@@ -73,6 +73,9 @@ Run (IAM in front) or with --allow-open.`,
 			&cli.StringFlag{Name: "sandbox-memory", Value: appliance.DefaultMemoryLimit, Usage: "memory limit of each sandbox, `SIZE` (sandgate sandbox)", EnvVars: []string{"SANDGATE_SANDBOX_MEMORY"}},
 			&cli.IntFlag{Name: "sandbox-pids", Value: appliance.DefaultPidsLimit, Usage: "process limit of each sandbox, `N` (sandgate sandbox)", EnvVars: []string{"SANDGATE_SANDBOX_PIDS"}},
 			&cli.StringFlag{Name: "output-buffer", Value: "8m", Usage: "output of each process kept for resumable streams, `SIZE`", EnvVars: []string{"SANDGATE_OUTPUT_BUFFER"}},
+			&cli.StringFlag{Name: "output-budget", Value: "64m", Usage: "output kept of all processes together, `SIZE`: past it the oldest finished process's goes first, then running ones keep an equal share each; 0 no bound", EnvVars: []string{"SANDGATE_OUTPUT_BUDGET"}},
+			&cli.DurationFlag{Name: "sandbox-lifetime", Usage: "destroy a sandbox `DURATION` after its creation, running or suspended (a sandbox's own limits.lifetime overrides); 0 never", EnvVars: []string{"SANDGATE_SANDBOX_LIFETIME"}},
+			&cli.DurationFlag{Name: "keep-suspended", Usage: "destroy a sandbox suspended for `DURATION` (its audit stays for --audit-retention; a sandbox's own limits.keepSuspended overrides); 0 forever", EnvVars: []string{"SANDGATE_KEEP_SUSPENDED"}},
 			&cli.DurationFlag{Name: "shutdown-grace", Value: 9 * time.Second, Usage: "on SIGTERM/SIGINT, save every running sandbox within `DURATION` (Cloud Run gives 10s)", EnvVars: []string{"SANDGATE_SHUTDOWN_GRACE"}},
 			&cli.StringFlag{Name: "audit-log", Value: "-", Usage: "write egress audit events as JSON lines to `FILE` (- for standard output)", EnvVars: []string{"SANDGATE_AUDIT_LOG"}},
 			&cli.DurationFlag{Name: "audit-flush", Value: 10 * time.Second, Usage: "write a running sandbox's new audit events to the store every `DURATION` (what a crash can lose of them)", EnvVars: []string{"SANDGATE_AUDIT_FLUSH"}},
@@ -86,7 +89,7 @@ Run (IAM in front) or with --allow-open.`,
 			&cli.StringFlag{Name: "bridge-base-urls", Usage: "`NAME=URL,...` base URL variables the sandboxes the bridge starts get, over --base-urls", EnvVars: []string{"SANDGATE_BRIDGE_BASE_URLS"}},
 			&cli.StringFlag{Name: "bridge-max-body", Value: "1g", Usage: "largest file write or hydrate tar the bridge takes, `SIZE`", EnvVars: []string{"SANDGATE_BRIDGE_MAX_BODY"}},
 			&cli.GenericFlag{Name: "transform-module", Value: &moduleSpecs{}, Usage: "apply the WebAssembly module in `FILE[?CONFIG]` to every sandbox's base-URL routes, before its own modules and the credential swap; repeatable"},
-		}, shardFlags(), dnsFlags(), wasmRuntimeFlags()),
+		}, auditLogFlags(), shardFlags(), dnsFlags(), wasmRuntimeFlags()),
 		OnUsageError: usageError,
 		Action:       runServe,
 	}
@@ -109,6 +112,8 @@ type serveConfig struct {
 	imageID      string
 	allowPrivate []netip.Prefix
 	outputBytes  int64
+	outputBudget int64
+	limits       appliance.Limits // the service's defaults of lifetime and keep-suspended
 	memory       string
 	// The Cloudflare bridge's sandboxes' network, and its size limit.
 	bridgeHosts    []string
@@ -214,6 +219,16 @@ func checkServe(c *cli.Context) (*serveConfig, error) {
 	if sc.outputBytes, err = localbox.ParseSize(c.String("output-buffer")); err != nil {
 		return nil, badInput("SANDGATE_OUTPUT_BUFFER (--output-buffer): %v", err)
 	}
+	if sc.outputBudget, err = localbox.ParseSize(c.String("output-budget")); err != nil {
+		return nil, badInput("SANDGATE_OUTPUT_BUDGET (--output-budget): %v", err)
+	}
+	if sc.outputBudget == 0 {
+		sc.outputBudget = -1 // no bound
+	}
+	sc.limits = appliance.Limits{Lifetime: c.Duration("sandbox-lifetime"), KeepSuspended: c.Duration("keep-suspended")}
+	if err := sc.limits.Check(); err != nil {
+		return nil, badInput("SANDGATE_SANDBOX_LIFETIME (--sandbox-lifetime), SANDGATE_KEEP_SUSPENDED (--keep-suspended): %v", err)
+	}
 	if _, err := localbox.ParseSize(c.String("sandbox-memory")); err != nil {
 		return nil, badInput("SANDGATE_SANDBOX_MEMORY (--sandbox-memory): %v", err)
 	}
@@ -273,9 +288,9 @@ func runServe(c *cli.Context) error {
 		return badInput("refusing to listen on %s without a service token: set SANDBOX_SERVICE_TOKEN, listen on loopback (HOST=127.0.0.1), or pass --allow-open on a network you trust", ln.Addr())
 	}
 
-	auditOut, closeAudit, err := openAuditLog(c.String("audit-log"), c.App.Writer)
+	auditOut, closeAudit, err := openAuditLog(c, c.App.Writer)
 	if err != nil {
-		return badInput("SANDGATE_AUDIT_LOG (--audit-log): %v", err)
+		return badInput("%v", err)
 	}
 	defer closeAudit()
 	roots, err := upstreamRoots(c.StringSlice("upstream-ca"))
@@ -350,13 +365,14 @@ func runServe(c *cli.Context) error {
 			ImageID: sc.imageID, Version: serveVersion(), WorkDir: filepath.Join(state, "work"), AuditRetention: auditRetention(c.Duration("audit-retention")),
 			MaxRunning: c.Int("max-sandboxes"), IdleSuspend: idle,
 			AllowedHosts: sc.allowedHosts, BaseURLs: sc.baseURLs, OutputBytes: int(sc.outputBytes),
+			OutputBudget: sc.outputBudget, Limits: sc.limits,
 			Shard: shard, CheckpointInterval: checkpoints,
 		},
 		PeerAuth: peerAuth(sc.cloudRun, logger), NoConsole: !c.Bool("console"),
 		Server: server.Config{
 			Token: c.String("token"), LocalOnly: loopback && c.String("token") == "", LocalHosts: splitAll([]string{c.String("local-hostnames")}),
 			Version: serveVersion(), Home: c.String("home"), WorkDir: c.String("workdir"), Path: c.String("path"),
-			EgressPort: c.Int("egress-port"),
+			EgressPort: c.Int("egress-port"), MaxModuleBytes: int64(rt.Config().MaxModuleBytes), TempDir: filepath.Join(state, "work"),
 		},
 		Bridge: bridge.Config{
 			Key: c.String("bridge-key"), MaxBody: sc.bridgeMaxBody,

@@ -56,6 +56,11 @@ func TestServeRefusesBadSettings(t *testing.T) {
 		{[]string{"SANDGATE_BRIDGE_ALLOWED_HOSTS=bad host"}, "SANDGATE_BRIDGE_ALLOWED_HOSTS"},
 		{[]string{"SANDGATE_BRIDGE_BASE_URLS=nokey"}, "SANDGATE_BRIDGE_BASE_URLS"},
 		{[]string{"SANDGATE_BRIDGE_MAX_BODY=huge"}, "SANDGATE_BRIDGE_MAX_BODY"},
+		{[]string{"SANDGATE_OUTPUT_BUDGET=plenty"}, "SANDGATE_OUTPUT_BUDGET"},
+		{[]string{"SANDGATE_SANDBOX_LIFETIME=30s"}, "limits.lifetime 30s: give at least 1m0s"},
+		{[]string{"SANDGATE_KEEP_SUSPENDED=forever"}, "SANDGATE_KEEP_SUSPENDED"},
+		{[]string{"SANDGATE_AUDIT_LOG_SIZE=big"}, "SANDGATE_AUDIT_LOG_SIZE"},
+		{[]string{"SANDGATE_AUDIT_LOG_KEEP=-1"}, "SANDGATE_AUDIT_LOG_KEEP"},
 	} {
 		cmd := exec.Command(binary(t), "serve")
 		cmd.Env = serveEnv(t, tc.env...)

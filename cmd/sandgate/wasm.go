@@ -15,6 +15,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/sandgate/sandgate/appliance/localbox"
 	"github.com/sandgate/sandgate/transforms/wasm"
 )
 
@@ -66,6 +67,7 @@ func wasmRuntimeFlags() []cli.Flag {
 		&cli.UintFlag{Name: "wasm-memory-pages", Value: 512, Usage: "memory cap of each module instance, in 64 KiB `PAGES`", EnvVars: []string{"SANDGATE_WASM_MEMORY_PAGES"}},
 		&cli.DurationFlag{Name: "wasm-call-timeout", Value: 100 * time.Millisecond, Usage: "stop each call into a module after `DURATION`", EnvVars: []string{"SANDGATE_WASM_CALL_TIMEOUT"}},
 		&cli.IntFlag{Name: "wasm-max-body", Value: 1 << 20, Usage: "buffer for, or let a module write, bodies of at most `BYTES`", EnvVars: []string{"SANDGATE_WASM_MAX_BODY"}},
+		&cli.StringFlag{Name: "wasm-max-module", Value: "32m", Usage: "load modules of at most `SIZE`", EnvVars: []string{"SANDGATE_WASM_MAX_MODULE"}},
 	}
 }
 
@@ -86,7 +88,12 @@ func newWasmRuntime(c *cli.Context, logger *slog.Logger, longCalls func(n int)) 
 	if c.Int("wasm-max-body") <= 0 {
 		return nil, badInput("--wasm-max-body: give a positive number of bytes")
 	}
+	maxModule, err := localbox.ParseSize(c.String("wasm-max-module"))
+	if err != nil || maxModule <= 0 || maxModule > 1<<30 {
+		return nil, badInput("--wasm-max-module (SANDGATE_WASM_MAX_MODULE) %q: give a size such as 32m, at most 1g", c.String("wasm-max-module"))
+	}
 	r, err := wasm.NewRuntime(c.Context, wasm.Config{
+		MaxModuleBytes:   int(maxModule),
 		CacheDir:         c.String("wasm-cache-dir"),
 		MemoryLimitPages: uint32(pages),
 		CallTimeout:      c.Duration("wasm-call-timeout"),

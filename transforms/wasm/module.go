@@ -3,6 +3,7 @@ package wasm
 import (
 	"context"
 	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -41,7 +42,8 @@ type Module struct {
 	name   string
 	config []byte
 	cm     wazero.CompiledModule
-	key    [32]byte
+	key    [32]byte // sha256 of its bytes
+	size   int
 	// start says whether the guest has a start section (bound exported it
 	// as boundStartName; it runs first when an instance starts).
 	start bool
@@ -91,16 +93,86 @@ func (r *Runtime) LoadFile(ctx context.Context, path string, config []byte) (*Mo
 	return r.Load(ctx, name, bin, config)
 }
 
+// DefaultMaxModuleBytes is the largest module a runtime loads
+// (Config.MaxModuleBytes): Go's own guests are a few MiB, TinyGo's a few
+// hundred KiB.
+const DefaultMaxModuleBytes = 32 << 20
+
+// Errors of a load that never reached the module's code.
+var (
+	// ErrModuleTooLarge: the module is over Config.MaxModuleBytes.
+	ErrModuleTooLarge = errors.New("module too large")
+	// ErrLoadBusy: as many loads as the runtime takes are compiling and
+	// queued (Config.MaxConcurrentLoads, MaxLoadQueue); try again later.
+	ErrLoadBusy = errors.New("too many modules loading at once")
+)
+
+// acquireLoad takes one of the runtime's load slots, queuing for it while
+// ctx allows, unless the queue is full (ErrLoadBusy).
+func (r *Runtime) acquireLoad(ctx context.Context, name string) (func(), error) {
+	release := func() { <-r.loadSlots }
+	select {
+	case r.loadSlots <- struct{}{}:
+		return release, nil
+	default:
+	}
+	if r.loadWaiting.Add(1) > int64(r.cfg.MaxLoadQueue) {
+		r.loadWaiting.Add(-1)
+		return nil, loadError(name, ErrLoadBusy, "%d modules are loading and %d waiting, as many as this service takes at once; try again shortly", cap(r.loadSlots), r.cfg.MaxLoadQueue)
+	}
+	defer r.loadWaiting.Add(-1)
+	select {
+	case r.loadSlots <- struct{}{}:
+		return release, nil
+	case <-ctx.Done():
+		return nil, loadError(name, context.Cause(ctx), "gave up waiting for its turn to load (%d load at once)", cap(r.loadSlots))
+	}
+}
+
+// LoadReader is Load of the module read from src, at most
+// Config.MaxModuleBytes of it (more is ErrModuleTooLarge): it is read only
+// once one of the runtime's load slots is held, so loads queued behind
+// others hold none of their bytes in memory.
+func (r *Runtime) LoadReader(ctx context.Context, name string, src io.Reader, config []byte) (*Module, error) {
+	return r.loadInTurn(ctx, name, config, func() ([]byte, error) {
+		return io.ReadAll(io.LimitReader(src, int64(r.cfg.MaxModuleBytes)+1))
+	})
+}
+
 // Load compiles bin (or reuses its compiled form), checks it, and starts
 // one instance, which stays in the pool. It refuses, naming what is wrong, a
 // module that does not compile, imports a function no host module provides
 // (or with another signature), exports neither handle_request nor
 // handle_response (or either with the wrong signature), exports no memory,
 // or whose start function exits (a command module). name identifies the
-// module in errors, logs and audit events.
+// module in errors, logs and audit events. At most Config.MaxConcurrentLoads
+// load at once (the others queue, up to Config.MaxLoadQueue: past it
+// ErrLoadBusy), and a module over Config.MaxModuleBytes is
+// ErrModuleTooLarge.
 func (r *Runtime) Load(ctx context.Context, name string, bin []byte, config []byte) (*Module, error) {
+	return r.loadInTurn(ctx, name, config, func() ([]byte, error) { return bin, nil })
+}
+
+// loadInTurn loads the module read gets, once a load slot is held.
+func (r *Runtime) loadInTurn(ctx context.Context, name string, config []byte, read func() ([]byte, error)) (*Module, error) {
 	if name == "" {
 		name = "module"
+	}
+	release, err := r.acquireLoad(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	bin, err := read()
+	if err != nil {
+		return nil, loadError(name, err, "cannot read it")
+	}
+	return r.load(ctx, name, bin, config)
+}
+
+func (r *Runtime) load(ctx context.Context, name string, bin []byte, config []byte) (*Module, error) {
+	if len(bin) > r.cfg.MaxModuleBytes {
+		return nil, loadError(name, ErrModuleTooLarge, "is over the %d bytes a module may be (Config.MaxModuleBytes, `--wasm-max-module`)", r.cfg.MaxModuleBytes)
 	}
 	ce, key, err := r.compile(ctx, bin)
 	if err != nil {
@@ -119,10 +191,17 @@ func (r *Runtime) Load(ctx context.Context, name string, bin []byte, config []by
 		return nil, err
 	}
 	m.features = inst.features
+	m.size = len(bin)
 	r.modules.Add(1)
 	m.put(inst)
 	return m, nil
 }
+
+// Digest is the module's sha256, as "sha256:<hex>".
+func (m *Module) Digest() string { return "sha256:" + hex.EncodeToString(m.key[:]) }
+
+// Size is the module's bytes.
+func (m *Module) Size() int { return m.size }
 
 // check validates imports and exports against the ABI.
 func (m *Module) check() error {

@@ -75,6 +75,16 @@ type Config struct {
 	// body over it fails with 413, a response body with 502: never a silent
 	// truncation.
 	MaxBodyBytes int
+	// MaxModuleBytes caps a module's size; default DefaultMaxModuleBytes.
+	// A larger one is refused (ErrModuleTooLarge) before it is compiled.
+	MaxModuleBytes int
+	// MaxConcurrentLoads caps the modules read and compiled at once, all
+	// callers together (compiling a large module takes memory of the order
+	// of its size, several times over); default 1 per two Ps, at least 1.
+	// MaxLoadQueue caps the loads waiting for one of those slots, each
+	// for as long as its context allows; default 8. A load that finds the
+	// queue full is refused at once (ErrLoadBusy: try again later).
+	MaxConcurrentLoads, MaxLoadQueue int
 	// MaxNotes and MaxNoteBytes cap the audit notes of one request (all
 	// modules together) and the length of one note; defaults 32 and 1024.
 	// A note over either cap is dropped and counted (audit notes_dropped).
@@ -106,6 +116,15 @@ func (c Config) withDefaults() Config {
 	if c.MaxBodyBytes <= 0 {
 		c.MaxBodyBytes = 1 << 20
 	}
+	if c.MaxModuleBytes <= 0 {
+		c.MaxModuleBytes = DefaultMaxModuleBytes
+	}
+	if c.MaxConcurrentLoads <= 0 {
+		c.MaxConcurrentLoads = max(1, runtime.GOMAXPROCS(0)/2)
+	}
+	if c.MaxLoadQueue <= 0 {
+		c.MaxLoadQueue = 8
+	}
 	if c.MaxNotes <= 0 {
 		c.MaxNotes = 32
 	}
@@ -135,6 +154,10 @@ type Runtime struct {
 	// call (MaxConcurrentCalls).
 	wd        *watchdog
 	callSlots chan struct{}
+	// loadSlots holds one token per load reading or compiling a module
+	// (MaxConcurrentLoads); loadWaiting counts those queued for one.
+	loadSlots   chan struct{}
+	loadWaiting atomic.Int64
 
 	// modules and instances count those loaded and not closed, those
 	// started and not closed (Live).
@@ -163,8 +186,12 @@ func (r *Runtime) Live() LiveCounts {
 }
 
 type compiledEntry struct {
-	cm   wazero.CompiledModule
-	refs int
+	// ready is closed once cm (or err) is set: loads of the same bytes
+	// wait for the one compiling them, without holding the runtime's lock.
+	ready chan struct{}
+	err   error
+	cm    wazero.CompiledModule
+	refs  int
 	// start says whether the guest had a start section, now the export
 	// boundStartName.
 	start bool
@@ -180,8 +207,14 @@ func NewRuntime(ctx context.Context, cfg Config) (*Runtime, error) {
 	// No WithCloseOnContextDone: calls are bounded by the checks bound
 	// adds to every guest (bound.go), which cost a call nothing until it
 	// must stop.
+	//
+	// No debug info: with it, wazero keeps every custom section of every
+	// module compiled (a Go guest's DWARF is megabytes; a hostile upload's
+	// custom section is as large as the module cap), for source lines in
+	// a guest's stack trace, which sandgate's failures do not print.
 	rc := wazero.NewRuntimeConfigCompiler().
-		WithMemoryLimitPages(cfg.MemoryLimitPages)
+		WithMemoryLimitPages(cfg.MemoryLimitPages).
+		WithDebugInfoEnabled(false)
 	var cache wazero.CompilationCache
 	if cfg.CacheDir != "off" {
 		dir, err := cacheDir(cfg.CacheDir)
@@ -194,7 +227,8 @@ func NewRuntime(ctx context.Context, cfg Config) (*Runtime, error) {
 		rc = rc.WithCompilationCache(cache)
 	}
 	r := &Runtime{cfg: cfg, wr: wazero.NewRuntimeWithConfig(ctx, rc), cache: cache, compiled: map[[32]byte]*compiledEntry{},
-		wd: newWatchdog(cfg.CallTimeout, cfg.LongCalls), callSlots: make(chan struct{}, cfg.MaxConcurrentCalls)}
+		wd: newWatchdog(cfg.CallTimeout, cfg.LongCalls), callSlots: make(chan struct{}, cfg.MaxConcurrentCalls),
+		loadSlots: make(chan struct{}, cfg.MaxConcurrentLoads)}
 	if _, err := wasi_snapshot_preview1.Instantiate(ctx, r.wr); err != nil {
 		r.Close(ctx)
 		return nil, fmt.Errorf("wasm: instantiating WASI: %w", err)
@@ -246,36 +280,53 @@ func (r *Runtime) Close(ctx context.Context) error {
 
 // compile returns the compiled form of bin, its time checks added (bound),
 // shared by every module loaded from the same bytes; release it with
-// uncompile.
+// uncompile. The runtime's lock is not held while it compiles.
 func (r *Runtime) compile(ctx context.Context, bin []byte) (*compiledEntry, [32]byte, error) {
 	key := sha256.Sum256(bin)
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	if r.closed {
+		r.mu.Unlock()
 		return nil, key, errors.New("runtime is closed")
 	}
 	if e := r.compiled[key]; e != nil {
 		e.refs++
+		r.mu.Unlock()
+		<-e.ready
+		if e.err != nil {
+			r.uncompile(ctx, key)
+			return nil, key, e.err
+		}
 		return e, key, nil
 	}
+	e := &compiledEntry{ready: make(chan struct{}), refs: 1}
+	r.compiled[key] = e
+	r.mu.Unlock()
+	e.cm, e.start, e.err = r.compileNew(ctx, bin)
+	close(e.ready)
+	if e.err != nil {
+		r.uncompile(ctx, key)
+		return nil, key, e.err
+	}
+	return e, key, nil
+}
+
+func (r *Runtime) compileNew(ctx context.Context, bin []byte) (wazero.CompiledModule, bool, error) {
 	b, err := bound(bin)
 	if err != nil {
-		return nil, key, err
+		return nil, false, err
 	}
 	cm, err := r.wr.CompileModule(ctx, b.bin)
 	if err != nil {
 		// Say what is wrong in the guest's own terms (its function
 		// indices, not the rewritten ones).
 		if cm, oerr := r.wr.CompileModule(ctx, bin); oerr != nil {
-			return nil, key, oerr
+			return nil, false, oerr
 		} else {
 			cm.Close(ctx)
 		}
-		return nil, key, fmt.Errorf("compiles, but not once its time checks are added (a bug in sandgate): %w", err)
+		return nil, false, fmt.Errorf("compiles, but not once its time checks are added (a bug in sandgate): %w", err)
 	}
-	e := &compiledEntry{cm: cm, refs: 1, start: b.start}
-	r.compiled[key] = e
-	return e, key, nil
+	return cm, b.start, nil
 }
 
 func (r *Runtime) uncompile(ctx context.Context, key [32]byte) {
@@ -287,7 +338,7 @@ func (r *Runtime) uncompile(ctx context.Context, key [32]byte) {
 	}
 	if e.refs--; e.refs == 0 {
 		delete(r.compiled, key)
-		if !r.closed {
+		if !r.closed && e.cm != nil {
 			e.cm.Close(ctx)
 		}
 	}
