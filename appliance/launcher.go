@@ -329,6 +329,12 @@ func (l *Launcher) Create(ctx context.Context, id string, opts LaunchOptions) er
 		} else if l.cfg.Pids > 0 {
 			args = append(args, "--pids", fmt.Sprint(l.cfg.Pids))
 		}
+		if opts.Limits.CPU > 0 {
+			args = append(args, "--cpus", strconv.FormatFloat(opts.Limits.CPU, 'f', -1, 64))
+		}
+		if opts.Limits.CPUWeight > 0 {
+			args = append(args, "--cpu-weight", strconv.Itoa(opts.Limits.CPUWeight))
+		}
 		if l.cfg.Rootfs != "" {
 			args = append(args, "--rootfs", l.cfg.Rootfs)
 		}

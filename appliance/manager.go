@@ -118,7 +118,8 @@ type ManagerConfig struct {
 	// Limits are every sandbox's limits where its own (CreateOptions)
 	// leave a field zero. Memory and Pids zero mean the launcher's
 	// (LauncherConfig.Memory, Pids: DefaultMemoryLimit, DefaultPidsLimit);
-	// the other zero fields mean none.
+	// CPU zero means DefaultCPULimit (negative: none), CPUWeight zero
+	// DefaultCPUWeight; the other zero fields mean none.
 	Limits Limits
 	// CheckpointInterval is how often a running sandbox that changed is
 	// saved as it runs (Checkpoint): what a crash of the service loses;
@@ -308,6 +309,15 @@ func NewManager(ctx context.Context, cfg ManagerConfig) (*Manager, error) {
 	}
 	if cfg.Limits.Pids == 0 {
 		cfg.Limits.Pids = cfg.Launcher.cfg.Pids
+	}
+	switch {
+	case cfg.Limits.CPU == 0:
+		cfg.Limits.CPU = DefaultCPULimit()
+	case cfg.Limits.CPU < 0:
+		cfg.Limits.CPU = 0 // none
+	}
+	if cfg.Limits.CPUWeight == 0 {
+		cfg.Limits.CPUWeight = DefaultCPUWeight
 	}
 	if err := cfg.Limits.Check(); err != nil {
 		return nil, fmt.Errorf("the service's default limits: %w", err)
