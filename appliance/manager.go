@@ -208,6 +208,9 @@ type Info struct {
 	OpenPorts []int        `json:"openPorts,omitempty"`
 	// Limits are what it may take (its own, over the service's defaults).
 	Limits Limits `json:"limits"`
+	// Usage is what it uses now (running sandboxes, where the sandbox
+	// CLI lets the service read it: `sandgate sandbox`); nil otherwise.
+	Usage *Usage `json:"usage,omitempty"`
 	// Shard is the shard it runs on (running sandboxes): this service's,
 	// or another sharing the store, which alone knows the rest of it.
 	Shard string `json:"shard,omitempty"`
@@ -367,6 +370,9 @@ func NewManager(ctx context.Context, cfg ManagerConfig) (*Manager, error) {
 		boxes: map[string]*box{}, baseRefs: map[string]int{},
 		tlocks: map[string]*nameLock{}, imported: map[string]bool{},
 		audits: NewAuditStore(cfg.Store), started: make(chan struct{}), closing: make(chan struct{}),
+	}
+	if cfg.Metrics != nil {
+		cfg.Metrics.MustRegister(newUsageCollector(m))
 	}
 	if err := m.joinShards(ctx); err != nil {
 		return nil, err
@@ -1028,7 +1034,7 @@ func (m *Manager) liveInfo(b *box) Info {
 		inf.Modules = moduleInfos(b.modules)
 		inf.OpenPorts = sb.OpenPorts()
 		inf.LastActive = time.Now().Add(-sb.Idle(time.Now())).UTC()
-		inf.LayerBytes = m.l.UpperSize(b.id)
+		inf.Usage, inf.LayerBytes = m.usage(b)
 	}
 	return inf
 }
