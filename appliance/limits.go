@@ -43,8 +43,15 @@ type Limits struct {
 }
 
 // DefaultCPUWeight is every sandbox's CPU weight unless told otherwise:
-// an equal share.
-const DefaultCPUWeight = sandboxcli.DefaultCPUWeight
+// an equal share. DefaultSandboxesCPUWeight is what serve gives all its
+// sandboxes together against the processes beside them, its own among
+// them (LauncherConfig.SandboxesCPUWeight): a quarter of one, so that the
+// service runs first when it has work (see RATIONALE.md, "A sandbox's
+// CPU").
+const (
+	DefaultCPUWeight          = sandboxcli.DefaultCPUWeight
+	DefaultSandboxesCPUWeight = 25
+)
 
 // DefaultCPULimit is every sandbox's CPU limit unless told otherwise: the
 // host's cores less one (half of it on a host of one), so that no sandbox

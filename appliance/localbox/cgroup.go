@@ -27,24 +27,6 @@ type cgroups struct {
 	v2   bool
 }
 
-// cgroupParent is the directory every sandbox's cgroup is made in.
-const cgroupParent = "sandgate"
-
-// parentCPUWeight is the CPU weight of cgroupParent, given it at a
-// sandbox's creation while it has the kernel's default (an operator's own
-// value stays): all the sandboxes together weigh a quarter of what one
-// process beside them does (cgroup v1, where the parent nests in
-// sandgate's own cgroup: a thread of `sandgate serve`), or of a sibling of
-// the default weight (v2, where it sits at the root). Within it sandboxes
-// share by their own weights. What it buys is that the service (its API,
-// its egress proxy), whose work every tenant waits on, runs first when it
-// has work however busy the sandboxes are: with eight busy loops in one
-// sandbox, the API's p99 was 2.2-3× its idle figure with the parent at the
-// default weight, 1.0× at this one (bench/tenants.sh; RATIONALE.md). The
-// service uses only what its callers and the sandboxes' egress ask of it,
-// so the sandboxes lose little.
-const parentCPUWeight = 25
-
 type cgMount struct {
 	point, root, fstype string
 	opts                []string
@@ -112,15 +94,18 @@ func selfCgroups() (map[string]string, error) {
 }
 
 // cgroupLimits are what a sandbox's cgroups bound (its Config's limits);
-// a zero field means none (the kernel's default weight).
+// a zero field means none (the kernel's default weight). sandboxesWeight
+// is the CPU weight of their parent, all the state directory's sandboxes
+// together (Config.SandboxesCPUWeight); zero leaves it as it is.
 type cgroupLimits struct {
-	memory, pids int64
-	cpu          float64
-	cpuWeight    int
+	memory, pids    int64
+	cpu             float64
+	cpuWeight       int
+	sandboxesWeight int
 }
 
 func (c *Config) cgroupLimits() cgroupLimits {
-	return cgroupLimits{memory: c.Memory, pids: c.Pids, cpu: c.CPU, cpuWeight: c.CPUWeight}
+	return cgroupLimits{memory: c.Memory, pids: c.Pids, cpu: c.CPU, cpuWeight: c.CPUWeight, sandboxesWeight: c.SandboxesCPUWeight}
 }
 
 // v1Controllers are the cgroup v1 hierarchies a sandbox gets a cgroup in
@@ -131,12 +116,14 @@ func (c *Config) cgroupLimits() cgroupLimits {
 // another's.
 var v1Controllers = []string{"memory", "pids", "freezer", "cpu", "cpuacct"}
 
-// newCgroups makes the sandbox's cgroup(s) and applies the limits. Under
-// cgroup v2 it is /sys/fs/cgroup/sandgate/<name> (v2 forbids controllers in a
-// cgroup that holds processes, so it cannot nest under ours); under v1 it
-// nests under this process's own cgroup of each hierarchy, so that limits
-// the host set on sandgate keep applying to its sandboxes.
-func newCgroups(name string, lim cgroupLimits) (*cgroups, error) {
+// newCgroups makes the sandbox's cgroup(s), name under parent (the state
+// directory's: see Runtime.cgroupNames), and applies the limits. Under
+// cgroup v2 it is /sys/fs/cgroup/<parent>/<name> (v2 forbids controllers
+// in a cgroup that holds processes, so it cannot nest under ours); under
+// v1 it nests under this process's own cgroup of each hierarchy, so that
+// limits the host set on sandgate keep applying to its sandboxes, and the
+// parent sits beside the service's own processes.
+func newCgroups(parent, name string, lim cgroupLimits) (*cgroups, error) {
 	mounts, err := readCgroupMounts()
 	if err != nil {
 		return nil, err
@@ -149,20 +136,19 @@ func newCgroups(name string, lim cgroupLimits) (*cgroups, error) {
 	for _, mt := range mounts {
 		if mt.fstype == "cgroup2" && mt.point == "/sys/fs/cgroup" {
 			cg.v2 = true
-			parent := filepath.Join(mt.point, cgroupParent)
-			if err := os.Mkdir(parent, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
-				return nil, fmt.Errorf("cgroup: %w", err)
-			}
-			// Best effort, one controller at a time (a write naming one
-			// the host lacks fails whole): without them, limits are
-			// refused below.
-			for _, ctrl := range []string{"+cpu", "+memory", "+pids"} {
-				_ = os.WriteFile(filepath.Join(mt.point, "cgroup.subtree_control"), []byte(ctrl), 0)
-				_ = os.WriteFile(filepath.Join(parent, "cgroup.subtree_control"), []byte(ctrl), 0)
-			}
-			weighParent(filepath.Join(parent, "cpu.weight"), sandboxcli.DefaultCPUWeight, parentCPUWeight)
-			dir := filepath.Join(parent, name)
-			if err := os.Mkdir(dir, 0o755); err != nil {
+			dir := filepath.Join(mt.point, parent, name)
+			if err := mkdirCgroup(dir, func(parent string) {
+				// Best effort, one controller at a time (a write naming
+				// one the host lacks fails whole): without them, limits
+				// are refused below.
+				for _, ctrl := range []string{"+cpu", "+memory", "+pids"} {
+					_ = os.WriteFile(filepath.Join(mt.point, "cgroup.subtree_control"), []byte(ctrl), 0)
+					_ = os.WriteFile(filepath.Join(parent, "cgroup.subtree_control"), []byte(ctrl), 0)
+				}
+				if lim.sandboxesWeight > 0 {
+					_ = os.WriteFile(filepath.Join(parent, "cpu.weight"), []byte(strconv.Itoa(lim.sandboxesWeight)), 0)
+				}
+			}); err != nil {
 				return nil, fmt.Errorf("cgroup: %w", err)
 			}
 			cg.dirs = []string{dir}
@@ -176,16 +162,17 @@ func newCgroups(name string, lim cgroupLimits) (*cgroups, error) {
 					continue
 				}
 				rel := strings.TrimPrefix(self[ctrl], mt.root)
-				dir := filepath.Join(mt.point, rel, cgroupParent, name)
+				dir := filepath.Join(mt.point, rel, parent, name)
 				if contains(cg.dirs, dir) { // a hierarchy of several (cpu,cpuacct)
 					break
 				}
-				if err := os.MkdirAll(dir, 0o755); err != nil {
+				if err := mkdirCgroup(dir, func(parent string) {
+					if ctrl == "cpu" && lim.sandboxesWeight > 0 {
+						_ = os.WriteFile(filepath.Join(parent, "cpu.shares"), []byte(strconv.FormatInt(cpuShares(lim.sandboxesWeight), 10)), 0)
+					}
+				}); err != nil {
 					cg.remove(context.Background())
 					return nil, fmt.Errorf("cgroup %s: %w", ctrl, err)
-				}
-				if ctrl == "cpu" {
-					weighParent(filepath.Join(filepath.Dir(dir), "cpu.shares"), 1024, cpuShares(parentCPUWeight))
 				}
 				cg.dirs = append(cg.dirs, dir)
 				break
@@ -199,13 +186,22 @@ func newCgroups(name string, lim cgroupLimits) (*cgroups, error) {
 	return cg, nil
 }
 
-// weighParent sets the weight file of cgroupParent to weight if it holds
-// the kernel's default, best effort: sandboxes run without it, only the
-// service is less sure of its share.
-func weighParent(file string, def, weight int64) {
-	if b, err := os.ReadFile(file); err == nil && strings.TrimSpace(string(b)) == fmt.Sprint(def) {
-		_ = os.WriteFile(file, []byte(fmt.Sprint(weight)), 0)
+// mkdirCgroup makes cgroup dir and its parent, calling setParent on the
+// parent before dir is made in it. A delete in the same state directory
+// removes the parent once it is empty (cgroups.remove): one that does so
+// between the two is met by making both again, a few times.
+func mkdirCgroup(dir string, setParent func(parent string)) error {
+	var err error
+	for range 3 {
+		if err = os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
+			return err
+		}
+		setParent(filepath.Dir(dir))
+		if err = os.Mkdir(dir, 0o755); !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
 	}
+	return err
 }
 
 func contains(list []string, s string) bool {
@@ -396,7 +392,8 @@ func (c *cgroups) freeze(ctx context.Context) (thaw func(), ok bool, err error) 
 	return thaw, true, nil
 }
 
-// remove kills whatever is left in the cgroup and removes its directories.
+// remove kills whatever is left in the cgroup and removes its directories,
+// and their parent if no other sandbox is left in it.
 func (c *cgroups) remove(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
@@ -405,6 +402,9 @@ func (c *cgroups) remove(ctx context.Context) error {
 		for delay := 100 * time.Microsecond; ; delay = min(2*delay, 20*time.Millisecond) {
 			err := unix.Rmdir(d)
 			if err == nil || errors.Is(err, unix.ENOENT) {
+				// The state directory's parent goes with its last
+				// sandbox (a cgroup that still has one stays: EBUSY).
+				_ = unix.Rmdir(filepath.Dir(d))
 				break
 			}
 			if !errors.Is(err, unix.EBUSY) {

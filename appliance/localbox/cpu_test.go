@@ -40,7 +40,7 @@ func TestCPULimitAndWeightApplied(t *testing.T) {
 	if runtime.NumCPU() < 2 {
 		t.Skip("a limit of half a core is no limit where the host has one")
 	}
-	runDetached(t, m, "cpu", func(o *RunOptions) { o.CPU = 0.5; o.CPUWeight = 50 })
+	runDetached(t, m, "cpu", func(o *RunOptions) { o.CPU = 0.5; o.CPUWeight = 50; o.SandboxesCPUWeight = 25 })
 	runDetached(t, m, "nocpu", nil)
 	if !hostHasCPUController(t) {
 		t.Skip("no cpu controller on this host")
@@ -73,16 +73,39 @@ func TestCPULimitAndWeightApplied(t *testing.T) {
 	if got := cgroupValue(t, m, "nocpu", "cpu.max", "cpu.cfs_quota_us"); got != "max 100000" && got != "-1" {
 		t.Errorf("the quota without --cpus: %q, want none", got)
 	}
-	// The sandboxes' parent weighs less than the service beside it.
-	var rs runState
-	readJSON(filepath.Join(m.sandboxDir("cpu"), stateFile), &rs)
-	for _, d := range rs.Cgroups {
-		for _, f := range []string{"cpu.weight", "cpu.shares"} {
-			if b, err := os.ReadFile(filepath.Join(filepath.Dir(d), f)); err == nil {
-				if v := strings.TrimSpace(string(b)); v == "100" || v == "1024" {
-					t.Errorf("the sandboxes' parent cgroup %s has the default weight %s", filepath.Dir(d), v)
+	// All the sandboxes of the state directory together weigh what
+	// --sandboxes-cpu-weight says, against what is beside them; another
+	// state directory's, which says nothing, have the kernel's default.
+	parentWeight := func(m *Runtime, id string) string {
+		t.Helper()
+		var rs runState
+		readJSON(filepath.Join(m.sandboxDir(id), stateFile), &rs)
+		for _, d := range rs.Cgroups {
+			for _, f := range []string{"cpu.weight", "cpu.shares"} {
+				if b, err := os.ReadFile(filepath.Join(filepath.Dir(d), f)); err == nil {
+					return strings.TrimSpace(string(b))
 				}
 			}
+		}
+		return ""
+	}
+	if got := parentWeight(m, "cpu"); got != "25" && got != "256" {
+		t.Errorf("the sandboxes' parent cgroup weighs %q, want 25 (v1: 256 shares)", got)
+	}
+	other := newRuntime(t)
+	runDetached(t, other, "cpu", nil)
+	if got := parentWeight(other, "cpu"); got != "100" && got != "1024" {
+		t.Errorf("another state directory's sandboxes weigh %q, want the kernel's default", got)
+	}
+	// The parent goes with its last sandbox.
+	var rs runState
+	readJSON(filepath.Join(other.sandboxDir("cpu"), stateFile), &rs)
+	if err := other.Delete(testCtx(t), "cpu", true); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range rs.Cgroups {
+		if _, err := os.Stat(filepath.Dir(d)); err == nil {
+			t.Errorf("the parent cgroup %s outlived the state directory's last sandbox", filepath.Dir(d))
 		}
 	}
 }

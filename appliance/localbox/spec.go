@@ -138,6 +138,14 @@ type Config struct {
 	// for them, 1 to 10000 (cgroup v2 cpu.weight; v1 cpu.shares scaled as
 	// systemd scales it, 100 ↔ 1024); 0 means the kernel's default, 100.
 	CPUWeight int `json:"cpuWeight,omitempty"`
+	// SandboxesCPUWeight is the CPU weight of what all the state
+	// directory's sandboxes weigh together against the processes beside
+	// them (their parent cgroup; cgroup v1: in the cgroup of the process
+	// that runs `sandgate sandbox`, the service's), 1 to 10000: 100 is as
+	// much as one of them, 25 a quarter, so that the service runs first
+	// when it has work. 0 leaves the parent's as it is (the kernel's
+	// default, 100, where nothing set it).
+	SandboxesCPUWeight int `json:"sandboxesCpuWeight,omitempty"`
 	// TmpSize and ShmSize bound the tmpfs on /tmp and /dev/shm, in bytes;
 	// 0 means DefaultTmpSize and DefaultShmSize. Without a size a tmpfs may
 	// take half the host's memory; its pages count against the memory
@@ -214,6 +222,9 @@ func (c *Config) check() error {
 	}
 	if err := checkCPU(c.CPU, c.CPUWeight); err != nil {
 		return err
+	}
+	if c.SandboxesCPUWeight < 0 || c.SandboxesCPUWeight > sandboxcli.MaxCPUWeight {
+		return fmt.Errorf("%w: --sandboxes-cpu-weight %d: give 1 to %d (%d weighs as much as one process beside them), or 0 to leave it", ErrBadInput, c.SandboxesCPUWeight, sandboxcli.MaxCPUWeight, sandboxcli.DefaultCPUWeight)
 	}
 	if c.TmpSize < 0 || c.ShmSize < 0 {
 		return fmt.Errorf("%w: --tmp-size and --shm-size must not be negative (0 means the default)", ErrBadInput)

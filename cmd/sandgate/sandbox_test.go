@@ -142,6 +142,7 @@ func TestSandboxCLIExitCodes(t *testing.T) {
 		{[]string{"run", "cpus", "--cpus", "-1", "--", "true"}, localbox.ExitBadInput, "--cpus"},
 		{[]string{"run", "cpus", "--cpu-weight", "10001", "--", "true"}, localbox.ExitBadInput, "--cpu-weight"},
 		{[]string{"run", "cpus", "--cpu-weight", "heavy", "--", "true"}, localbox.ExitBadInput, "cpu-weight"},
+		{[]string{"run", "cpus", "--sandboxes-cpu-weight", "10001", "--", "true"}, localbox.ExitBadInput, "--sandboxes-cpu-weight"},
 		{[]string{"delete", "ec"}, localbox.ExitRunning, "is running"},
 		{[]string{"exec", "nobody", "--", "true"}, localbox.ExitNotFound, "no such sandbox"},
 		{[]string{"tar", "nobody", "--file=" + file}, localbox.ExitNotFound, "no such sandbox"},

@@ -76,6 +76,7 @@ Run (IAM in front) or with --allow-open.`,
 			&cli.IntFlag{Name: "sandbox-pids", Value: appliance.DefaultPidsLimit, Usage: "process limit of each sandbox, `N` (sandgate sandbox)", EnvVars: []string{"SANDGATE_SANDBOX_PIDS"}},
 			&cli.StringFlag{Name: "sandbox-cpu", Usage: "CPU limit of each sandbox: the `CORES`' worth of time its processes may use together, e.g. 1.5; 0 for none (sandgate sandbox)", DefaultText: "the host's cores less one", EnvVars: []string{"SANDGATE_SANDBOX_CPU"}},
 			&cli.IntFlag{Name: "sandbox-cpu-weight", Value: appliance.DefaultCPUWeight, Usage: "CPU weight of each sandbox, `W` from 1 to 10000: its share of the cores when sandboxes contend for them (sandgate sandbox)", EnvVars: []string{"SANDGATE_SANDBOX_CPU_WEIGHT"}},
+			&cli.IntFlag{Name: "sandboxes-cpu-weight", Value: appliance.DefaultSandboxesCPUWeight, Usage: "CPU weight `W` of all the sandboxes together against serve and the other processes beside them, 1 to 10000 (100: as much as one of them; sandgate sandbox)", EnvVars: []string{"SANDGATE_SANDBOXES_CPU_WEIGHT"}},
 			&cli.StringFlag{Name: "output-buffer", Value: "8m", Usage: "output of each process kept for resumable streams, `SIZE`", EnvVars: []string{"SANDGATE_OUTPUT_BUFFER"}},
 			&cli.DurationFlag{Name: "shutdown-grace", Value: 9 * time.Second, Usage: "on SIGTERM/SIGINT, save every running sandbox within `DURATION` (Cloud Run gives 10s)", EnvVars: []string{"SANDGATE_SHUTDOWN_GRACE"}},
 			&cli.StringFlag{Name: "audit-log", Value: "-", Usage: "write egress audit events as JSON lines to `FILE` (- for standard output)", EnvVars: []string{"SANDGATE_AUDIT_LOG"}},
@@ -237,6 +238,9 @@ func checkServe(c *cli.Context) (*serveConfig, error) {
 	if sc.cpuWeight = c.Int("sandbox-cpu-weight"); sc.cpuWeight < 1 || sc.cpuWeight > appliance.MaxCPUWeight {
 		return nil, badInput("SANDGATE_SANDBOX_CPU_WEIGHT (--sandbox-cpu-weight) %d: give 1 to %d (%d is an equal share)", sc.cpuWeight, appliance.MaxCPUWeight, appliance.DefaultCPUWeight)
 	}
+	if w := c.Int("sandboxes-cpu-weight"); w < 1 || w > appliance.MaxCPUWeight {
+		return nil, badInput("SANDGATE_SANDBOXES_CPU_WEIGHT (--sandboxes-cpu-weight) %d: give 1 to %d (%d weighs as much as one process beside them)", w, appliance.MaxCPUWeight, appliance.DefaultCPUWeight)
+	}
 	if c.Int("egress-port") < 0 || c.Int("egress-port") > 65535 {
 		return nil, badInput("SANDBOX_EGRESS_PORT %d: want 0 to 65535", c.Int("egress-port"))
 	}
@@ -312,7 +316,7 @@ func runServe(c *cli.Context) error {
 	defer unlock()
 	lc := appliance.LauncherConfig{
 		CLI: c.String("sandbox-cli"), StateDir: filepath.Join(state, "sandboxes"),
-		Memory: sc.memory, Pids: c.Int("sandbox-pids"), Rootfs: c.String("rootfs"),
+		Memory: sc.memory, Pids: c.Int("sandbox-pids"), SandboxesCPUWeight: c.Int("sandboxes-cpu-weight"), Rootfs: c.String("rootfs"),
 		Hide: hiddenPaths(c, state), PrivateDir: state, UserNS: userNSMode(c.String("userns")),
 		Capture: c.Bool("capture"),
 	}

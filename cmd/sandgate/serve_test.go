@@ -57,6 +57,8 @@ func TestServeRefusesBadSettings(t *testing.T) {
 		{[]string{"SANDGATE_SANDBOX_CPU_WEIGHT=0"}, "SANDGATE_SANDBOX_CPU_WEIGHT"},
 		{[]string{"SANDGATE_SANDBOX_CPU_WEIGHT=10001"}, "SANDGATE_SANDBOX_CPU_WEIGHT"},
 		{[]string{"SANDGATE_SANDBOX_CPU_WEIGHT=heavy"}, "SANDGATE_SANDBOX_CPU_WEIGHT"},
+		{[]string{"SANDGATE_SANDBOXES_CPU_WEIGHT=0"}, "SANDGATE_SANDBOXES_CPU_WEIGHT"},
+		{[]string{"SANDGATE_SANDBOXES_CPU_WEIGHT=10001"}, "SANDGATE_SANDBOXES_CPU_WEIGHT"},
 		{[]string{"SANDBOX_ALLOWED_HOSTS=bad host"}, "allowedHosts"},
 		{[]string{"SANDBOX_API_KEY=short"}, "SANDBOX_API_KEY"},
 		{[]string{"SANDBOX_API_KEY=" + strings.Repeat("k", 20), "HOST=0.0.0.0"}, "SANDBOX_API_KEY locks the Cloudflare bridge's routes only"},
@@ -163,10 +165,9 @@ func TestServeSandboxCPUSettings(t *testing.T) {
 	if l := limits("own"); l["cpu"] != 0.5 || l["cpuWeight"] != float64(50) {
 		t.Errorf("a sandbox with its own cpu: limits %v, want cpu 0.5 and cpuWeight 50", l)
 	}
-	quota := func(name string) string {
-		var st struct {
-			Cgroups []string `json:"cgroups"`
-		}
+	// cpuFile is the first of files in sandbox name's cpu cgroup (or in
+	// sub, relative to it), its first word; "" where none is.
+	cpuFile := func(name, sub string, files ...string) string {
 		var state string
 		for _, kv := range env {
 			if v, ok := strings.CutPrefix(kv, "SANDGATE_STATE_DIR="); ok {
@@ -177,16 +178,25 @@ func TestServeSandboxCPUSettings(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		var st struct {
+			Cgroups []string `json:"cgroups"`
+		}
 		json.Unmarshal(data, &st)
 		for _, d := range st.Cgroups {
-			for _, f := range []string{"cpu.max", "cpu.cfs_quota_us"} {
-				if b, err := os.ReadFile(filepath.Join(d, f)); err == nil {
+			if _, err := os.Stat(filepath.Join(d, "cpu.shares")); err != nil {
+				if _, err := os.Stat(filepath.Join(d, "cpu.max")); err != nil {
+					continue // not the cpu hierarchy's
+				}
+			}
+			for _, f := range files {
+				if b, err := os.ReadFile(filepath.Join(d, sub, f)); err == nil {
 					return strings.Fields(string(b))[0]
 				}
 			}
 		}
 		return ""
 	}
+	quota := func(name string) string { return cpuFile(name, ".", "cpu.max", "cpu.cfs_quota_us") }
 	if quota("dflt") == "" {
 		t.Skip("no cpu controller on this host")
 	}
@@ -195,6 +205,11 @@ func TestServeSandboxCPUSettings(t *testing.T) {
 	}
 	if q := quota("own"); q != "50000" {
 		t.Errorf("its own cpu 0.5: the sandbox's quota is %s, want 50000", q)
+	}
+	// Together they weigh a quarter of serve's threads beside them
+	// (SANDGATE_SANDBOXES_CPU_WEIGHT's default).
+	if w := cpuFile("dflt", "..", "cpu.weight", "cpu.shares"); w != "25" && w != "256" {
+		t.Errorf("the sandboxes' parent cgroup weighs %s, want 25 (v1: 256 shares)", w)
 	}
 }
 
