@@ -117,6 +117,21 @@ type Sandbox struct {
 	// Limits are what it may take: its own, over the service's defaults
 	// (an appliance.Limits on the service's side).
 	Limits any `json:"limits,omitempty"`
+	// Usage is what it uses now (running sandboxes, where the service
+	// can read it); absent otherwise.
+	Usage *Usage `json:"usage,omitempty"`
+}
+
+// Usage is what a running sandbox uses of the host now, read when asked.
+// A field not known is absent (zero); DiskQuotaBytes is absent when it has
+// no disk limit.
+type Usage struct {
+	CPUSeconds      float64 `json:"cpuSeconds,omitempty"`      // CPU time used since it started
+	MemoryBytes     int64   `json:"memoryBytes,omitempty"`     // memory held now
+	MemoryPeakBytes int64   `json:"memoryPeakBytes,omitempty"` // the most held since it started
+	DiskBytes       int64   `json:"diskBytes,omitempty"`       // what its writable layer allocates
+	DiskQuotaBytes  int64   `json:"diskQuotaBytes,omitempty"`  // what it may allocate
+	Processes       int     `json:"processes,omitempty"`       // processes and threads now
 }
 
 // Module describes one of a sandbox's own WebAssembly modules: its name,

@@ -55,6 +55,12 @@ type LauncherConfig struct {
 	// Run limits the instance). Zero means no limit.
 	Memory string
 	Pids   int
+	// SandboxesCPUWeight is what all the sandboxes together weigh against
+	// the processes beside them when the cores are contended (`sandgate
+	// sandbox`: their parent cgroup's CPU weight), 1 to 10000: 100 is as
+	// much as one process, DefaultSandboxesCPUWeight a quarter, so that the
+	// service runs first when it has work. Zero leaves the kernel's.
+	SandboxesCPUWeight int
 	// Rootfs is the image a sandbox sees as / (`sandgate sandbox` only);
 	// empty means its default image (the host's programs and libraries,
 	// nothing else of the host).
@@ -328,6 +334,15 @@ func (l *Launcher) Create(ctx context.Context, id string, opts LaunchOptions) er
 			args = append(args, "--pids", fmt.Sprint(opts.Limits.Pids))
 		} else if l.cfg.Pids > 0 {
 			args = append(args, "--pids", fmt.Sprint(l.cfg.Pids))
+		}
+		if opts.Limits.CPU > 0 {
+			args = append(args, "--cpus", strconv.FormatFloat(opts.Limits.CPU, 'f', -1, 64))
+		}
+		if opts.Limits.CPUWeight > 0 {
+			args = append(args, "--cpu-weight", strconv.Itoa(opts.Limits.CPUWeight))
+		}
+		if l.cfg.SandboxesCPUWeight > 0 {
+			args = append(args, "--sandboxes-cpu-weight", strconv.Itoa(l.cfg.SandboxesCPUWeight))
 		}
 		if l.cfg.Rootfs != "" {
 			args = append(args, "--rootfs", l.cfg.Rootfs)

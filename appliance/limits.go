@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"runtime"
 	"strconv"
 	"time"
 
@@ -41,6 +42,28 @@ type Limits struct {
 	KeepSuspended time.Duration
 }
 
+// DefaultCPUWeight is every sandbox's CPU weight unless told otherwise:
+// an equal share. DefaultSandboxesCPUWeight is what serve gives all its
+// sandboxes together against the processes beside them, its own among
+// them (LauncherConfig.SandboxesCPUWeight): a quarter of one, so that the
+// service runs first when it has work (see RATIONALE.md, "A sandbox's
+// CPU").
+const (
+	DefaultCPUWeight          = sandboxcli.DefaultCPUWeight
+	DefaultSandboxesCPUWeight = 25
+)
+
+// DefaultCPULimit is every sandbox's CPU limit unless told otherwise: the
+// host's cores less one (half of it on a host of one), so that no sandbox
+// ever takes every core (see RATIONALE.md, "A sandbox's CPU").
+func DefaultCPULimit() float64 {
+	n := runtime.NumCPU()
+	if n <= 1 {
+		return 0.5
+	}
+	return float64(n - 1)
+}
+
 // Or is l with each zero field taken from def.
 func (l Limits) Or(def Limits) Limits {
 	if l.CPU == 0 {
@@ -71,12 +94,12 @@ func (l Limits) Or(def Limits) Limits {
 // one of them is refused, naming it, rather than giving a sandbox that
 // fails in ways its caller cannot explain.
 const (
-	MinCPU             = 0.01
+	MinCPU             = sandboxcli.MinCPU
 	MinMemory    int64 = 16 << 20
 	MinPids            = 16
 	MinDisk      int64 = 1 << 20
 	MinLife            = time.Minute
-	MaxCPUWeight       = 10000
+	MaxCPUWeight       = sandboxcli.MaxCPUWeight
 )
 
 // Check refuses a limit out of range, naming its field and what it takes.

@@ -3,8 +3,6 @@ package appliance
 import (
 	"encoding/json"
 	"errors"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -72,24 +70,7 @@ func TestLimitsCheck(t *testing.T) {
 // memory controller.
 func (r *mrig) memoryLimitOf(id string) string {
 	r.t.Helper()
-	var st struct {
-		Cgroups []string `json:"cgroups"`
-	}
-	data, err := os.ReadFile(filepath.Join(r.egress.state, id, "state.json"))
-	if err != nil {
-		r.t.Fatal(err)
-	}
-	if err := json.Unmarshal(data, &st); err != nil {
-		r.t.Fatal(err)
-	}
-	for _, d := range st.Cgroups {
-		for _, f := range []string{"memory.max", "memory.limit_in_bytes"} {
-			if b, err := os.ReadFile(filepath.Join(d, f)); err == nil {
-				return strings.TrimSpace(string(b))
-			}
-		}
-	}
-	return ""
+	return r.cgroupValue(id, "memory.max", "memory.limit_in_bytes")
 }
 
 // TestOwnLimitsKeptWithTheSandbox: a sandbox's own limits apply, over the

@@ -123,7 +123,8 @@ type ManagerConfig struct {
 	// Limits are every sandbox's limits where its own (CreateOptions)
 	// leave a field zero. Memory and Pids zero mean the launcher's
 	// (LauncherConfig.Memory, Pids: DefaultMemoryLimit, DefaultPidsLimit);
-	// the other zero fields mean none.
+	// CPU zero means DefaultCPULimit (negative: none), CPUWeight zero
+	// DefaultCPUWeight; the other zero fields mean none.
 	Limits Limits
 	// ExpirySweep is how often the store is swept for suspended sandboxes
 	// past their time (Limits.Lifetime, KeepSuspended); 0 means
@@ -217,6 +218,9 @@ type Info struct {
 	OpenPorts []int        `json:"openPorts,omitempty"`
 	// Limits are what it may take (its own, over the service's defaults).
 	Limits Limits `json:"limits"`
+	// Usage is what it uses now (running sandboxes, where the sandbox
+	// CLI lets the service read it: `sandgate sandbox`); nil otherwise.
+	Usage *Usage `json:"usage,omitempty"`
 	// Shard is the shard it runs on (running sandboxes): this service's,
 	// or another sharing the store, which alone knows the rest of it.
 	Shard string `json:"shard,omitempty"`
@@ -331,6 +335,15 @@ func NewManager(ctx context.Context, cfg ManagerConfig) (*Manager, error) {
 	if cfg.Limits.Pids == 0 {
 		cfg.Limits.Pids = cfg.Launcher.cfg.Pids
 	}
+	switch {
+	case cfg.Limits.CPU == 0:
+		cfg.Limits.CPU = DefaultCPULimit()
+	case cfg.Limits.CPU < 0:
+		cfg.Limits.CPU = 0 // none
+	}
+	if cfg.Limits.CPUWeight == 0 {
+		cfg.Limits.CPUWeight = DefaultCPUWeight
+	}
 	if err := cfg.Limits.Check(); err != nil {
 		return nil, fmt.Errorf("the service's default limits: %w", err)
 	}
@@ -387,6 +400,9 @@ func NewManager(ctx context.Context, cfg ManagerConfig) (*Manager, error) {
 		tlocks: map[string]*nameLock{}, imported: map[string]bool{},
 		audits: NewAuditStore(cfg.Store), started: make(chan struct{}), closing: make(chan struct{}),
 		output: output, expired: map[string]*ExpiredError{},
+	}
+	if cfg.Metrics != nil {
+		cfg.Metrics.MustRegister(newUsageCollector(m))
 	}
 	if err := m.joinShards(ctx); err != nil {
 		return nil, err
@@ -1108,7 +1124,7 @@ func (m *Manager) liveInfo(b *box) Info {
 		inf.Modules = moduleInfos(b.modules)
 		inf.OpenPorts = sb.OpenPorts()
 		inf.LastActive = time.Now().Add(-sb.Idle(time.Now())).UTC()
-		inf.LayerBytes = m.l.UpperSize(b.id)
+		inf.Usage, inf.LayerBytes = m.usage(b)
 	}
 	return inf
 }

@@ -2,15 +2,11 @@ package appliance
 
 import (
 	"bufio"
-	"io/fs"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/sandgate/sandgate/appliance/sandboxcli"
 )
 
 // metrics are the lifecycle's Prometheus metrics.
@@ -93,21 +89,6 @@ func memTotal() int64 {
 // CLI keeps it where sandgate can see it (`sandgate sandbox`); 0 when
 // unknown (Google's CLI).
 func (l *Launcher) UpperSize(id string) int64 {
-	if l.google {
-		return 0
-	}
-	state := l.cfg.StateDir
-	if state == "" {
-		state = sandboxcli.DefaultStateDir
-	}
-	var n int64
-	filepath.WalkDir(filepath.Join(state, id, "upper"), func(_ string, d fs.DirEntry, err error) error {
-		if err == nil && d.Type().IsRegular() {
-			if fi, err := d.Info(); err == nil {
-				n += fi.Size()
-			}
-		}
-		return nil
-	})
-	return n
+	size, _ := l.upperBytes(id)
+	return size
 }

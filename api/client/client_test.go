@@ -215,6 +215,35 @@ func TestSetup(t *testing.T) {
 	}
 }
 
+// A sandbox's own limits at create stay with it (Info says them, over the
+// service's defaults), and Info says what it uses while it runs; a limit
+// out of range is refused, naming it, and nothing is made.
+func TestLimitsAndUsage(t *testing.T) {
+	c := newClient(t)
+	ctx := ctxT(t)
+	s := create(t, c, client.CreateOptions{Limits: client.Limits{CPU: 0.5, Memory: 256 << 20, Lifetime: 24 * time.Hour}})
+	run(t, s, "head -c 8388608 /dev/zero > /tmp/held")
+	in, err := c.Info(ctx, s.ID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l := in.Limits; l == nil || l.CPU != 0.5 || l.Memory != 256<<20 || l.Lifetime != 24*time.Hour || l.CPUWeight != 100 || l.Pids == 0 {
+		t.Errorf("limits %+v: want its own cpu, memory and lifetime over the service's weight and pids", l)
+	}
+	if u := in.Usage; u == nil || u.MemoryBytes < 8<<20 || u.MemoryBytes > 256<<20 || u.Processes < 1 || u.CPUSeconds <= 0 {
+		t.Errorf("usage %+v: want the 8 MiB it holds, within its limit, processes and CPU time", u)
+	}
+	id := randomName("limits-bad")
+	_, err = c.Create(ctx, client.CreateOptions{ID: id, Limits: client.Limits{CPUWeight: 20000}})
+	var se *client.ServiceError
+	if !errors.As(err, &se) || se.Status != http.StatusBadRequest || !strings.Contains(err.Error(), "limits.cpuWeight") {
+		t.Errorf("cpuWeight 20000: %v, want a 400 naming limits.cpuWeight", err)
+	}
+	if _, err := c.Info(ctx, id); !errors.Is(err, client.ErrSandboxNotFound) {
+		t.Errorf("a refused create made %s: %v", id, err)
+	}
+}
+
 // Spawn streams output as it arrives, kills on cancel, and Kill is
 // idempotent.
 func TestSpawn(t *testing.T) {

@@ -47,6 +47,12 @@ type CreateOptions struct {
 	// Setup commands run in order in a new sandbox not made from Template;
 	// one that exits non-zero destroys the sandbox and fails Create.
 	Setup []string
+	// Limits bound what it may take (CPU, memory, processes, disk, how
+	// long it lives); a zero field means the service's default. Kept with
+	// it for its whole life (across suspend and resume). A value out of
+	// range is refused by the service (a *ServiceError, 400, naming the
+	// field) and nothing is made.
+	Limits Limits
 }
 
 // ResumeOptions is the network a resumed sandbox gets (it replaces what
@@ -120,6 +126,9 @@ func (c *Client) Create(ctx context.Context, opts CreateOptions) (*Session, erro
 	body, err := networkBody(opts.AllowedHosts, opts.NetworkPolicy, opts.BaseURLs)
 	if err != nil {
 		return nil, err
+	}
+	if opts.Limits != (Limits{}) {
+		body["limits"] = opts.Limits
 	}
 	if opts.TemplateID != "" {
 		if opts.Template != nil {
@@ -284,6 +293,15 @@ func sandboxInfo(in api.Sandbox) SandboxInfo {
 			}
 		}
 	}
+	if in.Limits != nil {
+		if b, err := json.Marshal(in.Limits); err == nil {
+			var l Limits
+			if json.Unmarshal(b, &l) == nil {
+				out.Limits = &l
+			}
+		}
+	}
+	out.Usage = in.Usage
 	return out
 }
 

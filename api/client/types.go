@@ -7,6 +7,8 @@ import (
 	"io"
 	"net/http"
 	"time"
+
+	"github.com/sandgate/sandgate/api"
 )
 
 // Command is a command to run in a sandbox: `/bin/sh -c Command`.
@@ -181,6 +183,86 @@ type SandboxInfo struct {
 	// Shard is the shard running it, when several services share one
 	// store (WithShards).
 	Shard string `json:"shard,omitempty"`
+	// Limits are what it may take: its own (CreateOptions.Limits) over
+	// the service's defaults.
+	Limits *Limits `json:"limits,omitempty"`
+	// Usage is what it uses now: running sandboxes, where the service can
+	// read it (not on Google's sandbox CLI); nil otherwise.
+	Usage *Usage `json:"usage,omitempty"`
+}
+
+// Usage is what a running sandbox uses of the host now (the service's
+// api.Usage): CPU seconds, memory now and at its peak, what its writable
+// layer allocates and may allocate, processes and threads. A field not
+// known is zero.
+type Usage = api.Usage
+
+// Limits bound what one sandbox may take (sandgate's own, at create). A
+// zero field means the service's default, which the service settings set
+// (SANDGATE_SANDBOX_CPU, SANDGATE_SANDBOX_MEMORY, ...).
+type Limits struct {
+	// CPU is how many cores' worth of time its processes may use
+	// together, e.g. 0.5 or 2; past it they are throttled.
+	CPU float64
+	// CPUWeight is its share of the cores when sandboxes contend for
+	// them, 1 to 10000 (100 is an equal share).
+	CPUWeight int
+	// Memory is the bytes its processes, /tmp and /dev/shm may hold.
+	Memory int64
+	// Pids is how many processes and threads it may have at once.
+	Pids int
+	// Disk is the bytes its writable layer may allocate.
+	Disk int64
+	// Lifetime is the longest it may exist from its creation, running
+	// or suspended; KeepSuspended how long it is kept while suspended.
+	Lifetime, KeepSuspended time.Duration
+}
+
+// limitsWire is Limits as the service reads and writes them: sizes in
+// bytes, durations as Go durations ("24h0m0s"), zero fields left out.
+type limitsWire struct {
+	CPU           float64 `json:"cpu,omitempty"`
+	CPUWeight     int     `json:"cpuWeight,omitempty"`
+	Memory        int64   `json:"memory,omitempty"`
+	Pids          int     `json:"pids,omitempty"`
+	Disk          int64   `json:"disk,omitempty"`
+	Lifetime      string  `json:"lifetime,omitempty"`
+	KeepSuspended string  `json:"keepSuspended,omitempty"`
+}
+
+// MarshalJSON writes the service's shape.
+func (l Limits) MarshalJSON() ([]byte, error) {
+	w := limitsWire{CPU: l.CPU, CPUWeight: l.CPUWeight, Memory: l.Memory, Pids: l.Pids, Disk: l.Disk}
+	if l.Lifetime != 0 {
+		w.Lifetime = l.Lifetime.String()
+	}
+	if l.KeepSuspended != 0 {
+		w.KeepSuspended = l.KeepSuspended.String()
+	}
+	return json.Marshal(w)
+}
+
+// UnmarshalJSON reads what MarshalJSON writes.
+func (l *Limits) UnmarshalJSON(b []byte) error {
+	var w limitsWire
+	if err := json.Unmarshal(b, &w); err != nil {
+		return err
+	}
+	*l = Limits{CPU: w.CPU, CPUWeight: w.CPUWeight, Memory: w.Memory, Pids: w.Pids, Disk: w.Disk}
+	for _, d := range []struct {
+		s   string
+		dst *time.Duration
+	}{{w.Lifetime, &l.Lifetime}, {w.KeepSuspended, &l.KeepSuspended}} {
+		if d.s == "" {
+			continue
+		}
+		v, err := time.ParseDuration(d.s)
+		if err != nil {
+			return fmt.Errorf("limits: %w", err)
+		}
+		*d.dst = v
+	}
+	return nil
 }
 
 // ModuleInfo describes one of a sandbox's own modules: its name, the

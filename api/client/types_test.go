@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sandgate/sandgate/api/client"
+	"github.com/sandgate/sandgate/appliance"
 	"github.com/sandgate/sandgate/relay/audit"
 )
 
@@ -62,4 +63,35 @@ func slicesContains(ks []reflect.Kind, k reflect.Kind) bool {
 		}
 	}
 	return false
+}
+
+// Limits are read and written as the service does (appliance.Limits):
+// every field, both ways.
+func TestLimitsMirrorTheService(t *testing.T) {
+	svc := appliance.Limits{CPU: 0.5, CPUWeight: 50, Memory: 256 << 20, Pids: 128, Disk: 1 << 30, Lifetime: 24 * time.Hour, KeepSuspended: 90 * time.Minute}
+	cl := client.Limits{CPU: 0.5, CPUWeight: 50, Memory: 256 << 20, Pids: 128, Disk: 1 << 30, Lifetime: 24 * time.Hour, KeepSuspended: 90 * time.Minute}
+	for i := range reflect.TypeFor[client.Limits]().NumField() {
+		if reflect.ValueOf(cl).Field(i).IsZero() {
+			t.Fatalf("the sample leaves %s zero", reflect.TypeFor[client.Limits]().Field(i).Name)
+		}
+	}
+	b, err := json.Marshal(svc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got client.Limits
+	if err := json.Unmarshal(b, &got); err != nil || got != cl {
+		t.Errorf("the service's %s read as %+v, %v; want %+v", b, got, err, cl)
+	}
+	b, err = json.Marshal(cl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back appliance.Limits
+	if err := json.Unmarshal(b, &back); err != nil || back != svc {
+		t.Errorf("the client's %s read by the service as %+v, %v; want %+v", b, back, err, svc)
+	}
+	if b, _ := json.Marshal(client.Limits{}); string(b) != "{}" {
+		t.Errorf("no limits marshal as %s, want {}", b)
+	}
 }

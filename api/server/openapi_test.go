@@ -333,10 +333,13 @@ func TestOpenAPISchemasMatchWire(t *testing.T) {
 		Template: "tpl", Policy: &policy, BaseURLs: map[string]string{"ANTHROPIC_BASE_URL": "https://api.anthropic.com"},
 		Modules:   []appliance.ModuleInfo{{Name: "deny-path", Digest: "sha256:" + strings.Repeat("ab", 32), Bytes: 4096}},
 		OpenPorts: []int{4000}, Shard: "shard-0",
-		Limits: appliance.Limits{CPU: 1, CPUWeight: 100, Memory: 1 << 30, Pids: 100, Disk: 1 << 30, Lifetime: time.Hour, KeepSuspended: time.Hour}}
+		Limits: appliance.Limits{CPU: 1, CPUWeight: 100, Memory: 1 << 30, Pids: 100, Disk: 1 << 30, Lifetime: time.Hour, KeepSuspended: time.Hour},
+		Usage:  &appliance.Usage{CPUSeconds: 1.5, MemoryBytes: 64 << 20, MemoryPeakBytes: 128 << 20, DiskBytes: 8192, DiskQuotaBytes: 1 << 30, Processes: 12}}
 	allSet(t, info)
+	allSet(t, *info.Usage)
 	sb := s.sandboxInfo(info)
 	allSet(t, sb)
+	allSet(t, *sb.Usage)
 	schemaCheck(t, doc, "Sandbox", sb)
 	bare := s.sandboxInfo(appliance.Info{ID: "gone", State: appliance.Suspended, Created: now})
 	schemaCheck(t, doc, "Sandbox", bare)

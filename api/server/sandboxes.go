@@ -189,6 +189,10 @@ func (s *Server) sandboxInfo(in appliance.Info) api.Sandbox {
 		BaseURLs: in.BaseURLs, Home: sandboxDir(s.cfg.Home, in.ID), WorkDir: sandboxDir(s.cfg.WorkDir, in.ID),
 		Ports: in.OpenPorts, Shard: in.Shard, Limits: in.Limits,
 	}
+	if u := in.Usage; u != nil {
+		out.Usage = &api.Usage{CPUSeconds: u.CPUSeconds, MemoryBytes: u.MemoryBytes, MemoryPeakBytes: u.MemoryPeakBytes,
+			DiskBytes: u.DiskBytes, DiskQuotaBytes: u.DiskQuotaBytes, Processes: u.Processes}
+	}
 	if !in.LastActive.IsZero() {
 		t := in.LastActive.UTC().Truncate(time.Millisecond)
 		out.LastActive = &t

@@ -235,7 +235,8 @@ func (m *Runtime) create(ctx context.Context, cfg *Config, fill func(upper strin
 			return nil, err
 		}
 	}
-	if cg, err = newCgroups(m.cgroupName(cfg.ID), cfg.Memory, cfg.Pids); err != nil {
+	cgParent, cgName := m.cgroupNames(cfg.ID)
+	if cg, err = newCgroups(cgParent, cgName, cfg.cgroupLimits()); err != nil {
 		return nil, err
 	}
 	if err := writeJSON(filepath.Join(dir, configFile), cfg); err != nil {

@@ -8,6 +8,7 @@ import (
 
 	"cmp"
 	"fmt"
+	"math"
 	"os"
 	"path"
 	"path/filepath"
@@ -128,6 +129,23 @@ type Config struct {
 	// Memory and Pids are cgroup limits; 0 means none.
 	Memory int64 `json:"memory,omitempty"`
 	Pids   int64 `json:"pids,omitempty"`
+	// CPU is how many cores' worth of time the sandbox's processes may use
+	// together (cgroup v2 cpu.max, v1 cpu.cfs_quota_us over a 100 ms
+	// period); past it they wait for the next period (throttled, never
+	// killed). 0, or the host's cores or more, means no limit.
+	CPU float64 `json:"cpu,omitempty"`
+	// CPUWeight is the sandbox's share of the cores when sandboxes contend
+	// for them, 1 to 10000 (cgroup v2 cpu.weight; v1 cpu.shares scaled as
+	// systemd scales it, 100 ↔ 1024); 0 means the kernel's default, 100.
+	CPUWeight int `json:"cpuWeight,omitempty"`
+	// SandboxesCPUWeight is the CPU weight of what all the state
+	// directory's sandboxes weigh together against the processes beside
+	// them (their parent cgroup; cgroup v1: in the cgroup of the process
+	// that runs `sandgate sandbox`, the service's), 1 to 10000: 100 is as
+	// much as one of them, 25 a quarter, so that the service runs first
+	// when it has work. 0 leaves the parent's as it is (the kernel's
+	// default, 100, where nothing set it).
+	SandboxesCPUWeight int `json:"sandboxesCpuWeight,omitempty"`
 	// TmpSize and ShmSize bound the tmpfs on /tmp and /dev/shm, in bytes;
 	// 0 means DefaultTmpSize and DefaultShmSize. Without a size a tmpfs may
 	// take half the host's memory; its pages count against the memory
@@ -202,8 +220,25 @@ func (c *Config) check() error {
 	if c.Memory < 0 || c.Pids < 0 {
 		return fmt.Errorf("%w: memory and pids limits must not be negative", ErrBadInput)
 	}
+	if err := checkCPU(c.CPU, c.CPUWeight); err != nil {
+		return err
+	}
+	if c.SandboxesCPUWeight < 0 || c.SandboxesCPUWeight > sandboxcli.MaxCPUWeight {
+		return fmt.Errorf("%w: --sandboxes-cpu-weight %d: give 1 to %d (%d weighs as much as one process beside them), or 0 to leave it", ErrBadInput, c.SandboxesCPUWeight, sandboxcli.MaxCPUWeight, sandboxcli.DefaultCPUWeight)
+	}
 	if c.TmpSize < 0 || c.ShmSize < 0 {
 		return fmt.Errorf("%w: --tmp-size and --shm-size must not be negative (0 means the default)", ErrBadInput)
+	}
+	return nil
+}
+
+// checkCPU refuses a CPU limit or weight the kernel would not take.
+func checkCPU(cpu float64, weight int) error {
+	if math.IsNaN(cpu) || math.IsInf(cpu, 0) || cpu < 0 || (cpu > 0 && cpu < sandboxcli.MinCPU) {
+		return fmt.Errorf("%w: --cpus %v: give the cores' worth of time the sandbox may use, at least %v (e.g. 0.5, 2), or 0 for no limit", ErrBadInput, cpu, sandboxcli.MinCPU)
+	}
+	if weight < 0 || weight > sandboxcli.MaxCPUWeight {
+		return fmt.Errorf("%w: --cpu-weight %d: give 1 to %d (%d is an equal share), or 0 for the default", ErrBadInput, weight, sandboxcli.MaxCPUWeight, sandboxcli.DefaultCPUWeight)
 	}
 	return nil
 }

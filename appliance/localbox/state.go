@@ -107,13 +107,16 @@ func (m *Runtime) StateDir() string { return m.dir }
 
 func (m *Runtime) sandboxDir(id string) string { return filepath.Join(m.dir, id) }
 
-// cgroupName is the name of sandbox id's cgroups: the id, and a digest of
-// the state directory, because cgroups are global to the host while ids
-// are only unique within one state directory (two services, or two test
-// runs, on one host may each have a sandbox "s1").
-func (m *Runtime) cgroupName(id string) string {
+// cgroupNames are the names of sandbox id's cgroup and of its parent: the
+// id, under a parent of the state directory's own, sandgate-<a digest of
+// the state directory>. Cgroups are global to the host while ids are only
+// unique within one state directory (two services, or two test runs, on
+// one host may each have a sandbox "s1"), and the parent's CPU weight,
+// what all its sandboxes together weigh, is its service's to choose
+// (Config.SandboxesCPUWeight).
+func (m *Runtime) cgroupNames(id string) (parent, name string) {
 	sum := sha256.Sum256([]byte(m.dir))
-	return id + "." + hex.EncodeToString(sum[:4])
+	return "sandgate-" + hex.EncodeToString(sum[:4]), id
 }
 
 func writeJSON(name string, v any) error {

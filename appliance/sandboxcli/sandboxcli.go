@@ -67,6 +67,16 @@ func CheckID(id string) error {
 	return nil
 }
 
+// CPU bounds of a sandbox of `sandgate sandbox` (run's --cpus and
+// --cpu-weight): the kernel's smallest quota is 1 ms per 100 ms period,
+// and cgroup v2's cpu.weight runs from 1 to 10000 (100 is the default, an
+// equal share).
+const (
+	MinCPU           = 0.01
+	MaxCPUWeight     = 10000
+	DefaultCPUWeight = 100
+)
+
 // ParseSize parses a byte count: a plain number of bytes or one with a
 // suffix k, m, g, t (powers of 1024; "KiB", "MB", "G" all accepted).
 func ParseSize(s string) (int64, error) {

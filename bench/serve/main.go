@@ -19,6 +19,15 @@
 //     (Sandbox.DialPort, what the tunnel splices onto), and sandgate's TCP
 //     bridge (a WebSocket on …/tcp/{port}); ratios to the direct one
 //     (target: tunnel ≥ 0.8).
+//   - tenants: what a CPU hog in one sandbox takes from another and from
+//     the service. Sandbox A runs eight busy loops, each in a session of its
+//     own; sandbox B's `exec true` p50 through the API, a fixed CPU-bound
+//     loop in B, and the API's p99 (GET /v1/sandboxes/B), each ÷ the same
+//     with A idle, the two phases taking turns (targets: B's loop keeps
+//     ≥ 0.8 of its throughput on 2 cores, the API's p99 within 2×).
+//
+// -only picks some of these (create, exec, tunnel, tenants; all by
+// default): bench/tenants.sh runs the tenants part alone.
 //
 // The service runs in this process: server.New over a real
 // appliance.Manager driving `sandgate sandbox` (built from this checkout),
@@ -42,6 +51,7 @@ import (
 	"log"
 	"os"
 	"runtime"
+	"strings"
 	"time"
 
 	"github.com/sandgate/sandgate/bench/internal/benchkit"
@@ -54,6 +64,10 @@ type config struct {
 	bulk    int64
 	rounds  int
 	port    int
+	only    map[string]bool
+	// The tenants part: rounds of both phases, `exec true` calls and API
+	// calls per phase.
+	tenantRounds, tenantExecs, tenantAPI int
 }
 
 func main() {
@@ -67,7 +81,20 @@ func main() {
 	flag.Int64Var(&c.bulk, "bulk", 512<<20, "bytes per port download (256 MiB to 1 GiB is meaningful)")
 	flag.IntVar(&c.rounds, "rounds", 3, "downloads per path, the paths taking turns")
 	flag.IntVar(&c.port, "port", 9000, "port of the server inside the sandbox")
+	flag.IntVar(&c.tenantRounds, "tenant-rounds", 5, "tenants: rounds of A idle then A hogging")
+	flag.IntVar(&c.tenantExecs, "tenant-execs", 30, "tenants: `exec true` calls in B per phase")
+	flag.IntVar(&c.tenantAPI, "tenant-api", 200, "tenants: GET /v1/sandboxes/B calls per phase")
+	only := flag.String("only", "create,exec,tunnel,tenants", "run only these `PARTS`, comma-separated: create, exec, tunnel, tenants")
 	flag.Parse()
+	c.only = map[string]bool{}
+	for _, p := range strings.Split(*only, ",") {
+		switch p = strings.TrimSpace(p); p {
+		case "create", "exec", "tunnel", "tenants":
+			c.only[p] = true
+		default:
+			log.Fatalf("bench: -only %q: want create, exec, tunnel or tenants", p)
+		}
+	}
 	if runtime.GOOS != "linux" {
 		log.Fatal("bench: sandboxes need Linux (namespaces, overlayfs)")
 	}
@@ -76,6 +103,9 @@ func main() {
 	}
 	if c.execs < 1 || c.creates < 1 || c.rounds < 1 || c.bulk < 1<<20 || c.port < 1 || c.port > 65535 {
 		log.Fatal("bench: -execs, -creates and -rounds must be at least 1, -bulk at least 1 MiB, -port 1 to 65535")
+	}
+	if c.tenantRounds < 1 || c.tenantExecs < 1 || c.tenantAPI < 1 {
+		log.Fatal("bench: -tenant-rounds, -tenant-execs and -tenant-api must be at least 1")
 	}
 	start := time.Now()
 	if err := run(c); err != nil {
@@ -94,14 +124,23 @@ func run(c config) error {
 	fmt.Printf("sandgate serve bench: %s\n", benchkit.Machine())
 	fmt.Printf("service: server.New over appliance.Manager (sandgate sandbox), in process, on %s with a token\n\n", r.addr)
 
-	if err := r.benchCreate(c.creates); err != nil {
-		return err
+	if c.only["create"] {
+		if err := r.benchCreate(c.creates); err != nil {
+			return err
+		}
 	}
-	if err := r.benchExec(c.execs); err != nil {
-		return err
+	if c.only["exec"] {
+		if err := r.benchExec(c.execs); err != nil {
+			return err
+		}
 	}
-	if err := r.benchTunnel(c.port, c.bulk, c.rounds); err != nil {
-		return err
+	if c.only["tunnel"] {
+		if err := r.benchTunnel(c.port, c.bulk, c.rounds); err != nil {
+			return err
+		}
+	}
+	if c.only["tenants"] {
+		return r.benchTenants(c.tenantRounds, c.tenantExecs, c.tenantAPI)
 	}
 	return nil
 }

@@ -89,7 +89,7 @@ func newRig() (_ *rig, err error) {
 	// that answers nothing, and a proxy that would refuse everything.
 	if r.svc, err = service.New(context.Background(), service.Config{
 		DNSServers: []string{"127.0.0.1:9"}, Store: st,
-		Launcher: appliance.LauncherConfig{CLI: r.bin, AgentBinary: r.bin, StateDir: r.state},
+		Launcher: appliance.LauncherConfig{CLI: r.bin, AgentBinary: r.bin, StateDir: r.state, SandboxesCPUWeight: appliance.DefaultSandboxesCPUWeight},
 		Manager: appliance.ManagerConfig{
 			Version: "bench", WorkDir: filepath.Join(r.dir, "work"), IdleSuspend: -1, BaseURLs: map[string]string{},
 		},

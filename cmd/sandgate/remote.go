@@ -20,6 +20,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/sandgate/sandgate/api/client"
+	"github.com/sandgate/sandgate/appliance/localbox"
 )
 
 // The client verbs: a sandgate service's sandboxes, driven through
@@ -108,11 +109,20 @@ func remoteCommands() []*cli.Command {
 			Usage:     "create a sandbox in the service and print its name",
 			ArgsUsage: "[NAME]",
 			Description: `Without NAME the sandbox is named ai-sdk-<8 hex>. A name that exists, running
-or suspended, is refused: create never resumes.`,
+or suspended, is refused: create never resumes. --cpus, --cpu-weight,
+--memory, --pids, --disk, --lifetime and --keep-suspended are its own
+limits, kept with it for its whole life; each left out is the service's.`,
 			Flags: append(slices.Clone(network),
 				&cli.StringFlag{Name: "template", Usage: "start from template `ID` (see 'sandgate template ls')"},
 				&cli.GenericFlag{Name: "setup", Value: &repeated{}, Usage: "run shell `COMMAND` in the new sandbox, in order; one that fails destroys it; repeatable"},
 				&cli.StringFlag{Name: "policy", Usage: "network policy JSON `FILE` (allow-all, deny-all, or custom with hosts and CIDRs) instead of --allow"},
+				&cli.Float64Flag{Name: "cpus", Usage: "let it use `CORES`' worth of CPU time at most, e.g. 0.5 or 2 (past it, it is throttled)", DefaultText: "the service's"},
+				&cli.IntFlag{Name: "cpu-weight", Usage: "its share `W` of the cores when sandboxes contend, 1 to 10000, 100 an equal share", DefaultText: "the service's"},
+				&cli.StringFlag{Name: "memory", Usage: "let its processes, /tmp and /dev/shm hold `SIZE` at most, e.g. 512m, 2g", DefaultText: "the service's"},
+				&cli.IntFlag{Name: "pids", Usage: "let it have `N` processes and threads at most", DefaultText: "the service's"},
+				&cli.StringFlag{Name: "disk", Usage: "let its writable layer allocate `SIZE` at most, e.g. 10g", DefaultText: "the service's"},
+				&cli.DurationFlag{Name: "lifetime", Usage: "destroy it `DURATION` after its creation, running or suspended, e.g. 24h", DefaultText: "the service's"},
+				&cli.DurationFlag{Name: "keep-suspended", Usage: "destroy it once suspended for `DURATION`, e.g. 720h", DefaultText: "the service's"},
 			),
 			Action: runCreate,
 		}),
@@ -156,7 +166,9 @@ does, unless --force.`,
 			ArgsUsage: "NAME",
 			Description: `Prints the sandbox as the service describes it (GET /v1/sandboxes/NAME):
 name, state, created, lastActive, layerBytes, template, ports, policy,
-baseUrls, modules, home, workingDirectory. Never a credential.`,
+baseUrls, modules, home, workingDirectory, limits, and what a running one
+uses now (usage: cpuSeconds, memoryBytes, memoryPeakBytes, diskBytes,
+diskQuotaBytes, processes). Never a credential.`,
 			Action: runInspect,
 		}),
 		remoteCommand(&cli.Command{
@@ -366,6 +378,9 @@ func runCreate(c *cli.Context) error {
 		}
 		opts.NetworkPolicy = &p
 	}
+	if opts.Limits, err = createLimits(c); err != nil {
+		return err
+	}
 	cl, err := newRemote(c)
 	if err != nil {
 		return err
@@ -376,6 +391,26 @@ func runCreate(c *cli.Context) error {
 	}
 	fmt.Fprintln(c.App.Writer, s.ID())
 	return nil
+}
+
+// createLimits are create's limit flags; the service checks their
+// values (and names the field it refuses).
+func createLimits(c *cli.Context) (client.Limits, error) {
+	l := client.Limits{CPU: c.Float64("cpus"), CPUWeight: c.Int("cpu-weight"), Pids: c.Int("pids"),
+		Lifetime: c.Duration("lifetime"), KeepSuspended: c.Duration("keep-suspended")}
+	for _, sz := range []struct {
+		flag string
+		dst  *int64
+	}{{"memory", &l.Memory}, {"disk", &l.Disk}} {
+		if v := c.String(sz.flag); v != "" {
+			n, err := localbox.ParseSize(v)
+			if err != nil {
+				return l, badInput("--%s: %v", sz.flag, err)
+			}
+			*sz.dst = n
+		}
+	}
+	return l, nil
 }
 
 func readPolicyFile(name string) (client.NetworkPolicy, error) {
@@ -548,7 +583,7 @@ func runList(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	return printList(c, infos, "NAME\tSTATE\tCREATED\tLAST ACTIVE\tTEMPLATE\tSNAPSHOT", func(in client.SandboxInfo) []string {
+	return printList(c, infos, "NAME\tSTATE\tCREATED\tLAST ACTIVE\tTEMPLATE\tSNAPSHOT\tCPU\tMEMORY\tDISK\tPIDS", func(in client.SandboxInfo) []string {
 		last, size, tmpl := "-", "-", "-"
 		if !in.LastActive.IsZero() {
 			last = ago(in.LastActive)
@@ -559,8 +594,34 @@ func runList(c *cli.Context) error {
 		if in.Template != "" {
 			tmpl = in.Template
 		}
-		return []string{in.Name, string(in.State), ago(in.Created), last, tmpl, size}
+		return append([]string{in.Name, string(in.State), ago(in.Created), last, tmpl, size}, usageColumns(in.Usage)...)
 	})
+}
+
+// usageColumns are ls's columns of what a sandbox uses now: CPU seconds,
+// memory, disk (of its quota, if any) and processes; "-" for what is not
+// known (a suspended sandbox, Google's sandbox CLI).
+func usageColumns(u *client.Usage) []string {
+	cols := []string{"-", "-", "-", "-"}
+	if u == nil {
+		return cols
+	}
+	if u.CPUSeconds > 0 {
+		cols[0] = fmt.Sprintf("%.1fs", u.CPUSeconds)
+	}
+	if u.MemoryBytes > 0 {
+		cols[1] = human(u.MemoryBytes)
+	}
+	if u.DiskBytes > 0 {
+		cols[2] = human(u.DiskBytes)
+		if u.DiskQuotaBytes > 0 {
+			cols[2] += " of " + human(u.DiskQuotaBytes)
+		}
+	}
+	if u.Processes > 0 {
+		cols[3] = fmt.Sprint(u.Processes)
+	}
+	return cols
 }
 
 // ago is a time as "3m ago".

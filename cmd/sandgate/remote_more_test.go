@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -258,6 +259,26 @@ func getJSON(t *testing.T, path string) any {
 	return v
 }
 
+// withoutUsage is a sandbox (or a list of them) as decoded, with its
+// usage's values replaced by their keys: what it uses now changes between
+// two reads, its shape must not.
+func withoutUsage(t *testing.T, v any) any {
+	t.Helper()
+	switch v := v.(type) {
+	case []any:
+		for i := range v {
+			v[i] = withoutUsage(t, v[i])
+		}
+	case map[string]any:
+		if u, ok := v["usage"].(map[string]any); ok {
+			for k := range u {
+				u[k] = "set"
+			}
+		}
+	}
+	return v
+}
+
 func decoded(t *testing.T, s string) any {
 	t.Helper()
 	var v any
@@ -291,12 +312,14 @@ func TestRemoteInspectForkTemplatesEgress(t *testing.T) {
 		t.Errorf("modules ls --json: %v, the service: %v", mods, want)
 	}
 
-	got := decoded(t, must(t, "inspect", name))
-	if want := getJSON(t, "/v1/sandboxes/"+name); !reflect.DeepEqual(got, want) {
+	// What a sandbox uses changes from one read to the next: its shape is
+	// compared, its values are TestRemoteLimitsAndUsage's.
+	got := withoutUsage(t, decoded(t, must(t, "inspect", name)))
+	if want := withoutUsage(t, getJSON(t, "/v1/sandboxes/"+name)); !reflect.DeepEqual(got, want) {
 		t.Errorf("inspect:\n%v\nthe service's:\n%v", got, want)
 	}
-	list := decoded(t, must(t, "ls", "--json"))
-	if want := getJSON(t, "/v1/sandboxes").(map[string]any)["sandboxes"]; !reflect.DeepEqual(list, want) {
+	list := withoutUsage(t, decoded(t, must(t, "ls", "--json")))
+	if want := withoutUsage(t, getJSON(t, "/v1/sandboxes").(map[string]any)["sandboxes"]); !reflect.DeepEqual(list, want) {
 		t.Errorf("ls --json:\n%v\nthe service's:\n%v", list, want)
 	}
 	if out := must(t, "ls", "--json"); strings.Contains(out, "null") || strings.Contains(out, `"Name"`) {
@@ -466,5 +489,59 @@ func TestPrintListJSON(t *testing.T) {
 	want := "[]\n[\n  {\n    \"name\": \"a\",\n    \"state\": \"suspended\",\n    \"created\": \"1970-01-01T00:00:00Z\",\n    \"layerBytes\": 0,\n    \"home\": \"\",\n    \"workingDirectory\": \"\"\n  }\n]\n"
 	if out.String() != want {
 		t.Errorf("got %q, want %q", out.String(), want)
+	}
+}
+
+// create's limit flags reach the service and stay with the sandbox;
+// inspect and ls show its limits and what it uses; a bad value is refused,
+// naming it, and nothing is made.
+func TestRemoteLimitsAndUsage(t *testing.T) {
+	ctx := testCtx(t)
+	name := strings.TrimSpace(must(t, "create", "lim-box", "--cpus", "0.5", "--cpu-weight", "50", "--memory", "256m", "--pids", "128",
+		"--disk", "1g", "--lifetime", "24h", "--keep-suspended", "48h"))
+	t.Cleanup(func() { verb(t, context.Background(), nil, "rm", "-f", name) })
+	must(t, "exec", name, "--", "sh", "-c", "head -c 8388608 /dev/zero > /tmp/held; head -c 1048576 /dev/urandom > data; sleep 600 </dev/null >/dev/null 2>&1 &")
+
+	in := decoded(t, must(t, "inspect", name)).(map[string]any)
+	if l, _ := json.Marshal(in["limits"]); string(l) != `{"cpu":0.5,"cpuWeight":50,"disk":1073741824,"keepSuspended":"48h0m0s","lifetime":"24h0m0s","memory":268435456,"pids":128}` {
+		t.Errorf("inspect: limits %s", l)
+	}
+	u, _ := in["usage"].(map[string]any)
+	if u["memoryBytes"].(float64) < 8<<20 || u["memoryBytes"].(float64) > 256<<20 || u["processes"].(float64) < 2 ||
+		u["cpuSeconds"].(float64) <= 0 || u["diskBytes"].(float64) < 1<<20 || u["diskQuotaBytes"].(float64) != 1<<30 {
+		t.Errorf("inspect: usage %v", u)
+	}
+	out := must(t, "ls")
+	lines := strings.Split(out, "\n")
+	if f := strings.Fields(lines[0]); !slices.Equal(f[len(f)-4:], []string{"CPU", "MEMORY", "DISK", "PIDS"}) {
+		t.Errorf("ls header: %q", lines[0])
+	}
+	for _, l := range lines {
+		if f := strings.Fields(l); len(f) > 0 && f[0] == name {
+			if !strings.Contains(l, " of 1.0 GiB") || strings.Count(l, " - ") > 1 {
+				t.Errorf("ls: %q: want its CPU, memory, disk (of its quota) and processes", l)
+			}
+		}
+	}
+
+	for _, tc := range []struct {
+		args []string
+		code int
+		says string
+	}{
+		// The service's refusal (400), naming the field.
+		{[]string{"create", "lim-bad", "--cpus", "0.001"}, exitFailure, "limits.cpu 0.001"},
+		{[]string{"create", "lim-bad", "--cpu-weight", "20000"}, exitFailure, "limits.cpuWeight"},
+		{[]string{"create", "lim-bad", "--pids", "3"}, exitFailure, "limits.pids"},
+		// The CLI's own.
+		{[]string{"create", "lim-bad", "--memory", "lots"}, exitBadInput, "--memory"},
+		{[]string{"create", "lim-bad", "--cpus", "half"}, exitBadInput, "cpus"},
+	} {
+		if code, _, errOut := verb(t, ctx, nil, tc.args...); code != tc.code || !strings.Contains(errOut, tc.says) {
+			t.Errorf("%v: exit %d %q, want %d naming %s", tc.args, code, errOut, tc.code, tc.says)
+		}
+	}
+	if code, _, _ := verb(t, ctx, nil, "inspect", "lim-bad"); code != 1 {
+		t.Errorf("a refused create made lim-bad (inspect exit %d)", code)
 	}
 }

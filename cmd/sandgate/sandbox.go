@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -35,6 +36,9 @@ func sandboxCommand() *cli.Command {
 		&cli.BoolFlag{Name: "stderr", Value: true, Usage: "connect stderr without --detach (--stderr=false to leave it unconnected)"},
 		&cli.StringFlag{Name: "memory", Usage: "memory limit: `BYTES` or a size like 512m, 2g (cgroup; none when empty)"},
 		&cli.Int64Flag{Name: "pids", Usage: "process limit `N` (cgroup; 0 for none)"},
+		&cli.StringFlag{Name: "cpus", Usage: "CPU limit: the `CORES`' worth of time its processes may use together, e.g. 0.5 or 2 (cgroup; past it they are throttled; none when empty or 0)"},
+		&cli.IntFlag{Name: "cpu-weight", Usage: "its share `W` of the cores when sandboxes contend, 1 to 10000, 100 an equal share (cgroup cpu.weight; v1 cpu.shares scaled, 100 = 1024; 0 for the default)"},
+		&cli.IntFlag{Name: "sandboxes-cpu-weight", Usage: "set the CPU weight `W` of all this state directory's sandboxes together against the processes beside them (their parent cgroup), 1 to 10000: 100 weighs as much as one of them (0 leaves it)"},
 		&cli.StringFlag{Name: "tmp-size", Value: "512m", Usage: "size `BYTES` of the /tmp tmpfs (its pages count against --memory)"},
 		&cli.StringFlag{Name: "shm-size", Value: "64m", Usage: "size `BYTES` of the /dev/shm tmpfs (its pages count against --memory)"},
 	}
@@ -273,8 +277,14 @@ func runSandboxRun(c *cli.Context) error {
 			ID: pos[0], Rootfs: c.String("rootfs"), Write: c.Bool("write"), Template: c.String("template"),
 			Masks: values(c, "mask"), UserNS: userNSMode(c.String("userns")),
 			Env: values(c, "env"), Dir: c.String("workdir"), Cmd: cmd, Pids: c.Int64("pids"),
+			CPUWeight: c.Int("cpu-weight"), SandboxesCPUWeight: c.Int("sandboxes-cpu-weight"),
 		},
 		ImportTar: c.String("import-tar"),
+	}
+	if s := c.String("cpus"); s != "" {
+		if opts.CPU, err = strconv.ParseFloat(s, 64); err != nil {
+			return badInput("--cpus %q: give the cores' worth of time the sandbox may use, e.g. 0.5 or 2", s)
+		}
 	}
 	if f := c.String("ca-cert"); f != "" {
 		b, err := os.ReadFile(f)

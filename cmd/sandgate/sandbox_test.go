@@ -137,6 +137,12 @@ func TestSandboxCLIExitCodes(t *testing.T) {
 		says string
 	}{
 		{[]string{"run", "bad_id", "--", "true"}, localbox.ExitBadInput, "must match"},
+		{[]string{"run", "cpus", "--cpus", "half", "--", "true"}, localbox.ExitBadInput, "--cpus"},
+		{[]string{"run", "cpus", "--cpus", "0.001", "--", "true"}, localbox.ExitBadInput, "--cpus"},
+		{[]string{"run", "cpus", "--cpus", "-1", "--", "true"}, localbox.ExitBadInput, "--cpus"},
+		{[]string{"run", "cpus", "--cpu-weight", "10001", "--", "true"}, localbox.ExitBadInput, "--cpu-weight"},
+		{[]string{"run", "cpus", "--cpu-weight", "heavy", "--", "true"}, localbox.ExitBadInput, "cpu-weight"},
+		{[]string{"run", "cpus", "--sandboxes-cpu-weight", "10001", "--", "true"}, localbox.ExitBadInput, "--sandboxes-cpu-weight"},
 		{[]string{"delete", "ec"}, localbox.ExitRunning, "is running"},
 		{[]string{"exec", "nobody", "--", "true"}, localbox.ExitNotFound, "no such sandbox"},
 		{[]string{"tar", "nobody", "--file=" + file}, localbox.ExitNotFound, "no such sandbox"},
@@ -153,6 +159,9 @@ func TestSandboxCLIExitCodes(t *testing.T) {
 		if code != tc.code || !strings.Contains(errOut, tc.says) {
 			t.Errorf("%v: exit %d %q, want %d and %q", tc.args, code, errOut, tc.code, tc.says)
 		}
+	}
+	if _, err := os.Stat(filepath.Join(state, "cpus")); err == nil {
+		t.Errorf("a run refused for its CPU flags left sandbox cpus behind")
 	}
 	if code, out, _ := sandboxCLI(t, state, nil, "--help"); code != 0 || !strings.Contains(out, "120    no such sandbox") {
 		t.Errorf("help does not list the exit statuses: %d %q", code, out)

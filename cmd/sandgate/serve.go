@@ -5,12 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"runtime/debug"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -72,6 +74,9 @@ Run (IAM in front) or with --allow-open.`,
 			&cli.IntFlag{Name: "max-sandboxes", Usage: "run at most `N` sandboxes at once", DefaultText: "host memory over --sandbox-memory", EnvVars: []string{"SANDGATE_MAX_SANDBOXES"}},
 			&cli.StringFlag{Name: "sandbox-memory", Value: appliance.DefaultMemoryLimit, Usage: "memory limit of each sandbox, `SIZE` (sandgate sandbox)", EnvVars: []string{"SANDGATE_SANDBOX_MEMORY"}},
 			&cli.IntFlag{Name: "sandbox-pids", Value: appliance.DefaultPidsLimit, Usage: "process limit of each sandbox, `N` (sandgate sandbox)", EnvVars: []string{"SANDGATE_SANDBOX_PIDS"}},
+			&cli.StringFlag{Name: "sandbox-cpu", Usage: "CPU limit of each sandbox: the `CORES`' worth of time its processes may use together, e.g. 1.5; 0 for none (sandgate sandbox)", DefaultText: "the host's cores less one", EnvVars: []string{"SANDGATE_SANDBOX_CPU"}},
+			&cli.IntFlag{Name: "sandbox-cpu-weight", Value: appliance.DefaultCPUWeight, Usage: "CPU weight of each sandbox, `W` from 1 to 10000: its share of the cores when sandboxes contend for them (sandgate sandbox)", EnvVars: []string{"SANDGATE_SANDBOX_CPU_WEIGHT"}},
+			&cli.IntFlag{Name: "sandboxes-cpu-weight", Value: appliance.DefaultSandboxesCPUWeight, Usage: "CPU weight `W` of all the sandboxes together against serve and the other processes beside them, 1 to 10000 (100: as much as one of them; sandgate sandbox)", EnvVars: []string{"SANDGATE_SANDBOXES_CPU_WEIGHT"}},
 			&cli.StringFlag{Name: "output-buffer", Value: "8m", Usage: "output of each process kept for resumable streams, `SIZE`", EnvVars: []string{"SANDGATE_OUTPUT_BUFFER"}},
 			&cli.StringFlag{Name: "output-budget", Value: "64m", Usage: "output kept of all processes together, `SIZE`: past it the oldest finished process's goes first, then running ones keep an equal share each; 0 no bound", EnvVars: []string{"SANDGATE_OUTPUT_BUDGET"}},
 			&cli.DurationFlag{Name: "sandbox-lifetime", Usage: "destroy a sandbox `DURATION` after its creation, running or suspended (a sandbox's own limits.lifetime overrides); 0 never", EnvVars: []string{"SANDGATE_SANDBOX_LIFETIME"}},
@@ -113,8 +118,12 @@ type serveConfig struct {
 	allowPrivate []netip.Prefix
 	outputBytes  int64
 	outputBudget int64
-	limits       appliance.Limits // the service's defaults of lifetime and keep-suspended
+	limits       appliance.Limits // the service's defaults: cpu, weight, lifetime and keep-suspended
 	memory       string
+	// cpu and cpuWeight are every sandbox's default CPU limit (negative:
+	// none; 0: the manager's default) and weight.
+	cpu       float64
+	cpuWeight int
 	// The Cloudflare bridge's sandboxes' network, and its size limit.
 	bridgeHosts    []string
 	bridgeBaseURLs map[string]string
@@ -233,6 +242,22 @@ func checkServe(c *cli.Context) (*serveConfig, error) {
 		return nil, badInput("SANDGATE_SANDBOX_MEMORY (--sandbox-memory): %v", err)
 	}
 	sc.memory = c.String("sandbox-memory")
+	if v := c.String("sandbox-cpu"); v != "" {
+		cpu, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+		if err != nil || math.IsNaN(cpu) || math.IsInf(cpu, 0) || cpu < 0 || (cpu > 0 && cpu < appliance.MinCPU) {
+			return nil, badInput("SANDGATE_SANDBOX_CPU (--sandbox-cpu) %q: give the cores' worth of time each sandbox may use, at least %v (e.g. 1.5), or 0 for no limit", v, appliance.MinCPU)
+		}
+		if sc.cpu = cpu; cpu == 0 {
+			sc.cpu = -1 // none
+		}
+	}
+	if sc.cpuWeight = c.Int("sandbox-cpu-weight"); sc.cpuWeight < 1 || sc.cpuWeight > appliance.MaxCPUWeight {
+		return nil, badInput("SANDGATE_SANDBOX_CPU_WEIGHT (--sandbox-cpu-weight) %d: give 1 to %d (%d is an equal share)", sc.cpuWeight, appliance.MaxCPUWeight, appliance.DefaultCPUWeight)
+	}
+	sc.limits.CPU, sc.limits.CPUWeight = sc.cpu, sc.cpuWeight
+	if w := c.Int("sandboxes-cpu-weight"); w < 1 || w > appliance.MaxCPUWeight {
+		return nil, badInput("SANDGATE_SANDBOXES_CPU_WEIGHT (--sandboxes-cpu-weight) %d: give 1 to %d (%d weighs as much as one process beside them)", w, appliance.MaxCPUWeight, appliance.DefaultCPUWeight)
+	}
 	if c.Int("egress-port") < 0 || c.Int("egress-port") > 65535 {
 		return nil, badInput("SANDBOX_EGRESS_PORT %d: want 0 to 65535", c.Int("egress-port"))
 	}
@@ -308,7 +333,7 @@ func runServe(c *cli.Context) error {
 	defer unlock()
 	lc := appliance.LauncherConfig{
 		CLI: c.String("sandbox-cli"), StateDir: filepath.Join(state, "sandboxes"),
-		Memory: sc.memory, Pids: c.Int("sandbox-pids"), Rootfs: c.String("rootfs"),
+		Memory: sc.memory, Pids: c.Int("sandbox-pids"), SandboxesCPUWeight: c.Int("sandboxes-cpu-weight"), Rootfs: c.String("rootfs"),
 		Hide: hiddenPaths(c, state), PrivateDir: state, UserNS: userNSMode(c.String("userns")),
 		Capture: c.Bool("capture"),
 	}

@@ -50,6 +50,15 @@ func TestServeRefusesBadSettings(t *testing.T) {
 		{[]string{"SANDBOX_BASE_URLS=nokey"}, "SANDBOX_BASE_URLS"},
 		{[]string{"SANDGATE_IDLE_SUSPEND=soon"}, "SANDGATE_IDLE_SUSPEND"},
 		{[]string{"SANDGATE_SANDBOX_MEMORY=lots"}, "SANDGATE_SANDBOX_MEMORY"},
+		{[]string{"SANDGATE_SANDBOX_CPU=lots"}, "SANDGATE_SANDBOX_CPU"},
+		{[]string{"SANDGATE_SANDBOX_CPU=0.001"}, "SANDGATE_SANDBOX_CPU"},
+		{[]string{"SANDGATE_SANDBOX_CPU=-2"}, "SANDGATE_SANDBOX_CPU"},
+		{[]string{"SANDGATE_SANDBOX_CPU=NaN"}, "SANDGATE_SANDBOX_CPU"},
+		{[]string{"SANDGATE_SANDBOX_CPU_WEIGHT=0"}, "SANDGATE_SANDBOX_CPU_WEIGHT"},
+		{[]string{"SANDGATE_SANDBOX_CPU_WEIGHT=10001"}, "SANDGATE_SANDBOX_CPU_WEIGHT"},
+		{[]string{"SANDGATE_SANDBOX_CPU_WEIGHT=heavy"}, "SANDGATE_SANDBOX_CPU_WEIGHT"},
+		{[]string{"SANDGATE_SANDBOXES_CPU_WEIGHT=0"}, "SANDGATE_SANDBOXES_CPU_WEIGHT"},
+		{[]string{"SANDGATE_SANDBOXES_CPU_WEIGHT=10001"}, "SANDGATE_SANDBOXES_CPU_WEIGHT"},
 		{[]string{"SANDBOX_ALLOWED_HOSTS=bad host"}, "allowedHosts"},
 		{[]string{"SANDBOX_API_KEY=short"}, "SANDBOX_API_KEY"},
 		{[]string{"SANDBOX_API_KEY=" + strings.Repeat("k", 20), "HOST=0.0.0.0"}, "SANDBOX_API_KEY locks the Cloudflare bridge's routes only"},
@@ -126,6 +135,87 @@ func call(t *testing.T, method, url, body string) (int, string) {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(b)
+}
+
+// SANDGATE_SANDBOX_CPU and SANDGATE_SANDBOX_CPU_WEIGHT are every
+// sandbox's unless it has its own: 0 is no CPU limit; a sandbox's own
+// limit at create applies over them. Each reaches the sandbox's cgroup.
+func TestServeSandboxCPUSettings(t *testing.T) {
+	t.Parallel() // a process of its own, waiting more than working
+	if os.Geteuid() != 0 {
+		t.Skip("sandboxes need root (namespaces, overlayfs, cgroups): run the tests as root")
+	}
+	env := serveEnv(t, "SANDGATE_SANDBOX_CPU=0", "SANDGATE_SANDBOX_CPU_WEIGHT=50")
+	var log bytes.Buffer
+	base, _ := startServe(t, env, &log)
+	for name, body := range map[string]string{"dflt": `{"name":"dflt"}`, "own": `{"name":"own","limits":{"cpu":0.5}}`} {
+		if code, out := call(t, "POST", base+"/v1/sandboxes", body); code != 201 {
+			t.Fatalf("create %s: %d %s", name, code, out)
+		}
+		t.Cleanup(func() { call(t, "DELETE", base+"/v1/sandboxes/"+name, "") })
+	}
+	limits := func(name string) map[string]any {
+		code, out := call(t, "GET", base+"/v1/sandboxes/"+name, "")
+		var sb struct {
+			Limits map[string]any `json:"limits"`
+		}
+		if err := json.Unmarshal([]byte(out), &sb); code != 200 || err != nil {
+			t.Fatalf("get %s: %d %s", name, code, out)
+		}
+		return sb.Limits
+	}
+	if l := limits("dflt"); l["cpu"] != nil || l["cpuWeight"] != float64(50) {
+		t.Errorf("a sandbox of the service's settings: limits %v, want no cpu and cpuWeight 50", l)
+	}
+	if l := limits("own"); l["cpu"] != 0.5 || l["cpuWeight"] != float64(50) {
+		t.Errorf("a sandbox with its own cpu: limits %v, want cpu 0.5 and cpuWeight 50", l)
+	}
+	// cpuFile is the first of files in sandbox name's cpu cgroup (or in
+	// sub, relative to it), its first word; "" where none is.
+	cpuFile := func(name, sub string, files ...string) string {
+		var state string
+		for _, kv := range env {
+			if v, ok := strings.CutPrefix(kv, "SANDGATE_STATE_DIR="); ok {
+				state = v
+			}
+		}
+		data, err := os.ReadFile(filepath.Join(state, "sandboxes", name, "state.json"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var st struct {
+			Cgroups []string `json:"cgroups"`
+		}
+		json.Unmarshal(data, &st)
+		for _, d := range st.Cgroups {
+			if _, err := os.Stat(filepath.Join(d, "cpu.shares")); err != nil {
+				if _, err := os.Stat(filepath.Join(d, "cpu.max")); err != nil {
+					continue // not the cpu hierarchy's
+				}
+			}
+			for _, f := range files {
+				if b, err := os.ReadFile(filepath.Join(d, sub, f)); err == nil {
+					return strings.Fields(string(b))[0]
+				}
+			}
+		}
+		return ""
+	}
+	quota := func(name string) string { return cpuFile(name, ".", "cpu.max", "cpu.cfs_quota_us") }
+	if quota("dflt") == "" {
+		t.Skip("no cpu controller on this host")
+	}
+	if q := quota("dflt"); q != "max" && q != "-1" {
+		t.Errorf("SANDGATE_SANDBOX_CPU=0: the sandbox's quota is %s, want none", q)
+	}
+	if q := quota("own"); q != "50000" {
+		t.Errorf("its own cpu 0.5: the sandbox's quota is %s, want 50000", q)
+	}
+	// Together they weigh a quarter of serve's threads beside them
+	// (SANDGATE_SANDBOXES_CPU_WEIGHT's default).
+	if w := cpuFile("dflt", "..", "cpu.weight", "cpu.shares"); w != "25" && w != "256" {
+		t.Errorf("the sandboxes' parent cgroup weighs %s, want 25 (v1: 256 shares)", w)
+	}
 }
 
 // SIGTERM saves every running sandbox, logs which, and exits 0; a new
