@@ -329,6 +329,9 @@ func (l *Launcher) Create(ctx context.Context, id string, opts LaunchOptions) er
 		} else if l.cfg.Pids > 0 {
 			args = append(args, "--pids", fmt.Sprint(l.cfg.Pids))
 		}
+		if opts.Limits.Disk > 0 {
+			args = append(args, "--disk", fmt.Sprint(opts.Limits.Disk))
+		}
 		if l.cfg.Rootfs != "" {
 			args = append(args, "--rootfs", l.cfg.Rootfs)
 		}

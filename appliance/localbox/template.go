@@ -108,7 +108,7 @@ func (m *Runtime) ImportTemplate(ctx context.Context, name string, layer io.Read
 	if err := os.Mkdir(mnt, 0o700); err != nil {
 		return err
 	}
-	if err := mountImage(img, mnt, false); err != nil {
+	if err := mountImage(img, mnt, false, ""); err != nil {
 		return fmt.Errorf("template %q: %w", name, err)
 	}
 	_, uerr := snapshot.Unpack(ctx, layer, filepath.Join(mnt, "root"), snapshot.ApplyOptions{Mode: snapshot.ModeUpper, Trusted: true})
@@ -163,11 +163,12 @@ func makeImage(ctx context.Context, file string, size TemplateSize) error {
 }
 
 // mountImage attaches file to a free loop device (released when the mount
-// goes: autoclear) and mounts it at dir.
-func mountImage(file, dir string, readOnly bool) error {
+// goes: autoclear) and mounts its ext4 file system at dir, with the mount
+// options data.
+func mountImage(file, dir string, readOnly bool, data string) error {
 	ctl, err := os.OpenFile("/dev/loop-control", os.O_RDWR|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return fmt.Errorf("loop devices: %w (templates need the loop driver: modprobe loop)", err)
+		return fmt.Errorf("loop devices: %w (templates and disk quotas need the loop driver: modprobe loop)", err)
 	}
 	defer ctl.Close()
 	flags := 0
@@ -209,7 +210,7 @@ func mountImage(file, dir string, readOnly bool) error {
 			lf.Close()
 			return fmt.Errorf("loop device %s: %w", dev, err)
 		}
-		err = unix.Mount(dev, dir, "ext4", mflags, "")
+		err = unix.Mount(dev, dir, "ext4", mflags, data)
 		lf.Close() // with autoclear, the mount now holds the device
 		if err != nil {
 			return fmt.Errorf("mount %s on %s: %w", dev, dir, err)
@@ -220,27 +221,12 @@ func mountImage(file, dir string, readOnly bool) error {
 }
 
 // lockTemplates serialises mounting and removing templates between
-// processes.
+// processes (held for a mount or a removal).
 func (m *Runtime) lockTemplates() (unlock func(), err error) {
 	if err := os.MkdirAll(m.templateArea(), 0o700); err != nil {
 		return nil, err
 	}
-	f, err := os.OpenFile(filepath.Join(m.templateArea(), ".lock"), os.O_RDWR|os.O_CREATE|unix.O_CLOEXEC, 0o600)
-	if err != nil {
-		return nil, err
-	}
-	deadline := time.Now().Add(time.Minute) // held for a mount or a removal
-	for {
-		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
-		if err == nil {
-			return func() { f.Close() }, nil
-		}
-		if !errors.Is(err, unix.EWOULDBLOCK) || time.Now().After(deadline) {
-			f.Close()
-			return nil, fmt.Errorf("%w: the template area is locked by another sandgate process: %v", ErrBusy, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	return flockWait(filepath.Join(m.templateArea(), ".lock"), time.Minute)
 }
 
 // mounted reports whether dir is a mount point (its device differs from
@@ -346,5 +332,5 @@ func (m *Runtime) useTemplate(cfg *Config) error {
 	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
 		return err
 	}
-	return mountImage(img, dir, true)
+	return mountImage(img, dir, true, "")
 }

@@ -35,6 +35,7 @@ func sandboxCommand() *cli.Command {
 		&cli.BoolFlag{Name: "stderr", Value: true, Usage: "connect stderr without --detach (--stderr=false to leave it unconnected)"},
 		&cli.StringFlag{Name: "memory", Usage: "memory limit: `BYTES` or a size like 512m, 2g (cgroup; none when empty)"},
 		&cli.Int64Flag{Name: "pids", Usage: "process limit `N` (cgroup; 0 for none)"},
+		&cli.StringFlag{Name: "disk", Usage: "disk quota: the `BYTES` (or a size like 10g) the writable layer may take on the host, on an ext4 file system of the sandbox's own; past it writes fail with ENOSPC (needs the loop driver and mke2fs; none when empty)"},
 		&cli.StringFlag{Name: "tmp-size", Value: "512m", Usage: "size `BYTES` of the /tmp tmpfs (its pages count against --memory)"},
 		&cli.StringFlag{Name: "shm-size", Value: "64m", Usage: "size `BYTES` of the /dev/shm tmpfs (its pages count against --memory)"},
 	}
@@ -286,7 +287,7 @@ func runSandboxRun(c *cli.Context) error {
 	for _, sz := range []struct {
 		flag string
 		dst  *int64
-	}{{"memory", &opts.Memory}, {"tmp-size", &opts.TmpSize}, {"shm-size", &opts.ShmSize}} {
+	}{{"memory", &opts.Memory}, {"tmp-size", &opts.TmpSize}, {"shm-size", &opts.ShmSize}, {"disk", &opts.Disk}} {
 		if s := c.String(sz.flag); s != "" {
 			if *sz.dst, err = localbox.ParseSize(s); err != nil {
 				return sandboxErr(fmt.Errorf("--%s: %w", sz.flag, err))
