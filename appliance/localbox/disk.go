@@ -108,8 +108,8 @@ func checkDiskSize(size int64) error {
 	return nil
 }
 
-// MinDisk is the smallest disk quota (appliance.MinDisk is the same).
-const MinDisk = 1 << 20
+// MinDisk is the smallest disk quota (sandboxcli.MinDisk).
+const MinDisk = sandboxcli.MinDisk
 
 // makeLayer gives the sandbox directory dir its file system: a sparse
 // copy of the blank of size bytes at dir/layer.img, mounted at dir/layer.

@@ -95,6 +95,10 @@ func ParseSize(s string) (int64, error) {
 	return v * mult, nil
 }
 
+// MinDisk is the smallest disk quota a sandbox may have (`run --disk`):
+// room for an ext4 file system and a little in it.
+const MinDisk = 1 << 20
+
 // FormatSize writes a byte count as ParseSize reads it: with the largest
 // unit that divides it (k, m, g, t), else in bytes.
 func FormatSize(n int64) string {

@@ -72,6 +72,7 @@ Run (IAM in front) or with --allow-open.`,
 			&cli.IntFlag{Name: "max-sandboxes", Usage: "run at most `N` sandboxes at once", DefaultText: "host memory over --sandbox-memory", EnvVars: []string{"SANDGATE_MAX_SANDBOXES"}},
 			&cli.StringFlag{Name: "sandbox-memory", Value: appliance.DefaultMemoryLimit, Usage: "memory limit of each sandbox, `SIZE` (sandgate sandbox)", EnvVars: []string{"SANDGATE_SANDBOX_MEMORY"}},
 			&cli.IntFlag{Name: "sandbox-pids", Value: appliance.DefaultPidsLimit, Usage: "process limit of each sandbox, `N` (sandgate sandbox)", EnvVars: []string{"SANDGATE_SANDBOX_PIDS"}},
+			&cli.StringFlag{Name: "sandbox-disk", Value: appliance.DefaultDiskLimit, Usage: "disk quota of each sandbox's writable layer, `SIZE` (sandgate sandbox: an ext4 image of its own, needing root, the loop driver and mke2fs); none to run without one", EnvVars: []string{"SANDGATE_SANDBOX_DISK"}},
 			&cli.StringFlag{Name: "output-buffer", Value: "8m", Usage: "output of each process kept for resumable streams, `SIZE`", EnvVars: []string{"SANDGATE_OUTPUT_BUFFER"}},
 			&cli.DurationFlag{Name: "shutdown-grace", Value: 9 * time.Second, Usage: "on SIGTERM/SIGINT, save every running sandbox within `DURATION` (Cloud Run gives 10s)", EnvVars: []string{"SANDGATE_SHUTDOWN_GRACE"}},
 			&cli.StringFlag{Name: "audit-log", Value: "-", Usage: "write egress audit events as JSON lines to `FILE` (- for standard output)", EnvVars: []string{"SANDGATE_AUDIT_LOG"}},
@@ -109,6 +110,7 @@ type serveConfig struct {
 	allowPrivate []netip.Prefix
 	outputBytes  int64
 	memory       string
+	disk         int64 // each sandbox's default disk quota; 0: none (the operator opted out)
 	// The Cloudflare bridge's sandboxes' network, and its size limit.
 	bridgeHosts    []string
 	bridgeBaseURLs map[string]string
@@ -217,6 +219,11 @@ func checkServe(c *cli.Context) (*serveConfig, error) {
 		return nil, badInput("SANDGATE_SANDBOX_MEMORY (--sandbox-memory): %v", err)
 	}
 	sc.memory = c.String("sandbox-memory")
+	if v := c.String("sandbox-disk"); v != "none" {
+		if sc.disk, err = localbox.ParseSize(v); err != nil || sc.disk < appliance.MinDisk {
+			return nil, badInput("SANDGATE_SANDBOX_DISK (--sandbox-disk) %q: want a size of at least %dm such as 10g, or none to run sandboxes without a disk quota", v, appliance.MinDisk>>20)
+		}
+	}
 	if c.Int("egress-port") < 0 || c.Int("egress-port") > 65535 {
 		return nil, badInput("SANDBOX_EGRESS_PORT %d: want 0 to 65535", c.Int("egress-port"))
 	}
@@ -309,6 +316,11 @@ func runServe(c *cli.Context) error {
 		if err := localbox.CheckImage(lc.Rootfs, lc.Hide); err != nil {
 			return badInput("SANDGATE_ROOTFS (--rootfs) %q: %v", lc.Rootfs, err)
 		}
+		if err := checkDiskQuota(c, lc.StateDir, sc.disk, logger); err != nil {
+			return err
+		}
+	} else if sc.disk > 0 {
+		logger.Info("SANDGATE_SANDBOX_DISK does not apply to Google's sandbox CLI, which has no disk quota per sandbox: what a sandbox writes counts against the instance's memory")
 	}
 	rt, modules, err := loadWasm(c, logger, true)
 	if err != nil {
@@ -347,7 +359,7 @@ func runServe(c *cli.Context) error {
 		AuditLog: auditOut, AuditFlush: c.Duration("audit-flush"), Modules: rt, ServiceModules: modules, Store: st, Launcher: lc, Logger: logger,
 		Manager: appliance.ManagerConfig{
 			ImageID: sc.imageID, Version: serveVersion(), WorkDir: filepath.Join(state, "work"), AuditRetention: auditRetention(c.Duration("audit-retention")),
-			MaxRunning: c.Int("max-sandboxes"), IdleSuspend: idle,
+			MaxRunning: c.Int("max-sandboxes"), IdleSuspend: idle, Limits: appliance.Limits{Disk: sc.disk},
 			AllowedHosts: sc.allowedHosts, BaseURLs: sc.baseURLs, OutputBytes: int(sc.outputBytes),
 			Shard: shard, CheckpointInterval: checkpoints,
 		},
@@ -496,4 +508,23 @@ func removeStaleUploads(ctx context.Context, d *store.Dir, logger *slog.Logger) 
 	if files > 0 {
 		logger.Info("removed unfinished uploads left in the snapshot directory by an earlier crash", "files", files, "bytes", size)
 	}
+}
+
+// checkDiskQuota makes sure, at start, that the default disk quota of
+// sandboxes can be applied on this host (`sandgate sandbox` in stateDir),
+// so that no sandbox runs without one unless the operator said so
+// (SANDGATE_SANDBOX_DISK=none, size 0), which is logged.
+func checkDiskQuota(c *cli.Context, stateDir string, size int64, logger *slog.Logger) error {
+	if size == 0 {
+		logger.Warn("sandboxes run without a disk quota (SANDGATE_SANDBOX_DISK=none): one can fill the file system holding " + stateDir)
+		return nil
+	}
+	rt, err := localbox.NewRuntime(stateDir)
+	if err == nil {
+		err = rt.CheckDisk(c.Context, size)
+	}
+	if err != nil {
+		return fmt.Errorf("SANDGATE_SANDBOX_DISK (--sandbox-disk) %s: each sandbox's disk quota cannot be applied on this host: %w; run serve as root on a host with the loop driver (modprobe loop) and mke2fs (apt-get install e2fsprogs), or set SANDGATE_SANDBOX_DISK=none to run sandboxes without one (a sandbox can then fill the file system holding %s)", localbox.FormatSize(size), err, stateDir)
+	}
+	return nil
 }
