@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandgate/sandgate/appliance/sandboxcli"
+	"github.com/sandgate/sandgate/snapshot"
 )
 
 // Disk quotas. A sandbox run with a quota (Config.Disk) keeps its writable
@@ -283,12 +284,12 @@ func copySparse(src, dst string) error {
 		if err := out.Truncate(st.Size()); err != nil {
 			return err
 		}
-		segs, err := dataSegments(in, st.Size())
+		spans, err := snapshot.DataSpans(in, st.Size())
 		if err != nil {
 			return err
 		}
-		for _, s := range segs {
-			off, end := s[0], s[0]+s[1]
+		for _, s := range spans {
+			off, end := s.Offset, s.Offset+s.Length
 			for off < end {
 				dOff := off
 				n, err := unix.CopyFileRange(int(in.Fd()), &off, int(out.Fd()), &dOff, int(end-off), 0)
@@ -309,28 +310,6 @@ func copySparse(src, dst string) error {
 		os.Remove(dst)
 	}
 	return err
-}
-
-// dataSegments lists the data of f, size bytes long, as [offset, length]
-// pairs (SEEK_DATA, SEEK_HOLE).
-func dataSegments(f *os.File, size int64) ([][2]int64, error) {
-	var segs [][2]int64
-	for off := int64(0); off < size; {
-		d, err := unix.Seek(int(f.Fd()), off, unix.SEEK_DATA)
-		if errors.Is(err, unix.ENXIO) {
-			break
-		}
-		if err != nil {
-			return nil, err
-		}
-		h, err := unix.Seek(int(f.Fd()), d, unix.SEEK_HOLE)
-		if err != nil {
-			return nil, err
-		}
-		segs = append(segs, [2]int64{d, h - d})
-		off = h
-	}
-	return segs, nil
 }
 
 // flockWait takes an exclusive flock on name (made if missing), waiting at
