@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -87,11 +88,15 @@ func (l *Launcher) UpperSize(id string) int64 {
 	if state == "" {
 		state = sandboxcli.DefaultStateDir
 	}
+	upper := filepath.Join(state, id, "layer", "upper") // on its own file system (a disk quota)
+	if _, err := os.Lstat(upper); err != nil {
+		upper = filepath.Join(state, id, "upper")
+	}
 	var n int64
-	filepath.WalkDir(filepath.Join(state, id, "upper"), func(_ string, d fs.DirEntry, err error) error {
+	filepath.WalkDir(upper, func(_ string, d fs.DirEntry, err error) error {
 		if err == nil && d.Type().IsRegular() {
 			if fi, err := d.Info(); err == nil {
-				n += fi.Size()
+				n += fi.Sys().(*syscall.Stat_t).Blocks * 512 // what it takes: a hole takes nothing
 			}
 		}
 		return nil

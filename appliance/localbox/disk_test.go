@@ -159,3 +159,32 @@ func TestDiskQuotaImportAndFork(t *testing.T) {
 		t.Errorf("the fork's disk is %q bytes, want its source's 64 MiB quota", out)
 	}
 }
+
+// A sparse file a sandbox had just written lost its data in tar: ext4
+// beneath the overlay reported a hole over data not yet written back
+// (SEEK_DATA), so only the holes were saved. Its data is kept, and its
+// holes, under a quota smaller than its apparent size.
+func TestTarKeepsFreshDataOfSparseFile(t *testing.T) {
+	m := newRuntime(t)
+	runDetached(t, m, "a", func(o *RunOptions) { o.Disk = 64 << 20 })
+	if code, _, errOut := sh(t, m, "a", "truncate -s 4G /root/sparse && printf middle | dd of=/root/sparse bs=1 seek=2147483648 conv=notrunc"); code != 0 {
+		t.Fatal(errOut)
+	}
+	var layer bytes.Buffer
+	if _, err := m.Tar(testCtx(t), "a", &layer, snapshot.PackOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if layer.Len() > 64<<10 {
+		t.Errorf("the layer is %d bytes: the holes were saved as data", layer.Len())
+	}
+	f := filepath.Join(t.TempDir(), "layer.tar.zst")
+	os.WriteFile(f, layer.Bytes(), 0o600)
+	runDetached(t, m, "b", func(o *RunOptions) { o.Disk = 64 << 20; o.ImportTar = f })
+	_, out, _ := sh(t, m, "b", "stat -c %s /root/sparse; dd if=/root/sparse bs=1 skip=2147483648 count=6 2>/dev/null")
+	if out != "4294967296\nmiddle" {
+		t.Errorf("the sparse file in a sandbox made from the layer: %q", out)
+	}
+	if a := allocated(t, filepath.Join(m.sandboxDir("b"), layerMount, upperDir, "root", "sparse")); a > 64<<10 {
+		t.Errorf("it takes %d bytes of disk: its holes were written", a)
+	}
+}
