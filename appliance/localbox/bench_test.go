@@ -20,23 +20,30 @@ func BenchmarkRunDetach(b *testing.B) {
 	ctx := context.Background()
 	for i := 0; b.Loop(); i++ {
 		id := fmt.Sprintf("bench-%d", i)
-		p, err := m.Run(ctx, RunOptions{Config: Config{ID: id, Write: true, Cmd: []string{"sleep", "infinity"}}})
-		if err != nil {
-			b.Fatal(err)
-		}
-		p.Detach()
-		e, err := m.Exec(ctx, id, ExecOptions{Cmd: []string{"true"}})
-		if err != nil {
-			b.Fatal(err)
-		}
-		if code, err := e.Wait(); code != 0 || err != nil {
-			b.Fatal(code, err)
-		}
+		runThenTrue(b, m, id, 0)
 		b.StopTimer()
 		if err := m.Delete(ctx, id, true); err != nil {
 			b.Fatal(err)
 		}
 		b.StartTimer()
+	}
+}
+
+// runThenTrue runs sandbox id detached, with a disk quota of disk bytes
+// (0: none), and its first command, true, to its end.
+func runThenTrue(b *testing.B, m *Runtime, id string, disk int64) {
+	ctx := context.Background()
+	p, err := m.Run(ctx, RunOptions{Config: Config{ID: id, Write: true, Disk: disk, Cmd: []string{"sleep", "infinity"}}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	p.Detach()
+	e, err := m.Exec(ctx, id, ExecOptions{Cmd: []string{"true"}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if code, err := e.Wait(); code != 0 || err != nil {
+		b.Fatal(code, err)
 	}
 }
 
@@ -86,18 +93,7 @@ func BenchmarkRunDetachDisk(b *testing.B) {
 	}
 	create := func(id string, disk int64) time.Duration {
 		start := time.Now()
-		p, err := m.Run(ctx, RunOptions{Config: Config{ID: id, Write: true, Disk: disk, Cmd: []string{"sleep", "infinity"}}})
-		if err != nil {
-			b.Fatal(err)
-		}
-		p.Detach()
-		e, err := m.Exec(ctx, id, ExecOptions{Cmd: []string{"true"}})
-		if err != nil {
-			b.Fatal(err)
-		}
-		if code, err := e.Wait(); code != 0 || err != nil {
-			b.Fatal(code, err)
-		}
+		runThenTrue(b, m, id, disk)
 		d := time.Since(start)
 		if err := m.Delete(ctx, id, true); err != nil {
 			b.Fatal(err)

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -240,26 +239,12 @@ func (m *Runtime) pruneBlanks(keep string) {
 // reserved group descriptors, inode tables left to read as the zeros a
 // sparse file holds.
 func makeBlank(ctx context.Context, file string, size int64) error {
-	f, err := os.OpenFile(file, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		return err
-	}
-	err = f.Truncate(size)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return err
-	}
-	mkfs, err := exec.LookPath("mke2fs")
-	if err != nil {
-		return fmt.Errorf("%w: disk quotas need mke2fs (Debian and Ubuntu: apt-get install e2fsprogs): %v", ErrNoDiskQuota, err)
-	}
-	cmd := exec.CommandContext(ctx, mkfs, "-q", "-F", "-t", "ext4", "-O", "^has_journal,^resize_inode", "-m", "0",
-		"-b", "4096", "-E", "lazy_itable_init=1,nodiscard,root_owner=0:0", file)
-	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "MKE2FS_CONFIG=/dev/null"}
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("mke2fs for a %s disk quota: %v: %s", FormatSize(size), err, strings.TrimSpace(string(out)))
+	err := mkfsImage(ctx, file, size, "-O", "^has_journal,^resize_inode", "-E", "lazy_itable_init=1,nodiscard,root_owner=0:0")
+	switch {
+	case errors.Is(err, errNoMkfs):
+		return fmt.Errorf("%w: disk quotas need mke2fs: %v", ErrNoDiskQuota, err)
+	case err != nil:
+		return fmt.Errorf("the file system of a %s disk quota: %w", FormatSize(size), err)
 	}
 	return nil
 }

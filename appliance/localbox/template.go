@@ -134,14 +134,29 @@ func (m *Runtime) ImportTemplate(ctx context.Context, name string, layer io.Read
 // a layer of the given size: its bytes with slack, a block per entry for
 // the small ones, and an inode each.
 func makeImage(ctx context.Context, file string, size TemplateSize) error {
-	const block = 4096
+	const block = 4096 // mkfsImage's
 	bytes := size.TarSize + size.TarSize/4 + size.Entries*block + 64<<20
 	bytes = (bytes + block - 1) / block * block
+	inodes := size.Entries + size.Entries/4 + 1024
+	err := mkfsImage(ctx, file, bytes, "-O", "^has_journal", "-N", strconv.FormatInt(inodes, 10), "-E", "root_owner=0:0")
+	if errors.Is(err, errNoMkfs) {
+		return fmt.Errorf("templates need mke2fs: %w", err)
+	}
+	return err
+}
+
+// errNoMkfs: mke2fs is missing.
+var errNoMkfs = errors.New("mke2fs is not installed (Debian and Ubuntu: apt-get install e2fsprogs)")
+
+// mkfsImage makes file, a new sparse file of size bytes, an empty ext4
+// file system with 4 KiB blocks, none reserved for root, and mke2fs's
+// options opts beside. Without mke2fs it is errNoMkfs.
+func mkfsImage(ctx context.Context, file string, size int64, opts ...string) error {
 	f, err := os.OpenFile(file, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return err
 	}
-	err = f.Truncate(bytes)
+	err = f.Truncate(size)
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
@@ -150,11 +165,10 @@ func makeImage(ctx context.Context, file string, size TemplateSize) error {
 	}
 	mkfs, err := exec.LookPath("mke2fs")
 	if err != nil {
-		return fmt.Errorf("templates need mke2fs (Debian and Ubuntu: apt-get install e2fsprogs): %w", err)
+		return fmt.Errorf("%w: %v", errNoMkfs, err)
 	}
-	inodes := size.Entries + size.Entries/4 + 1024
-	cmd := exec.CommandContext(ctx, mkfs, "-q", "-F", "-t", "ext4", "-O", "^has_journal", "-m", "0",
-		"-b", strconv.Itoa(block), "-N", strconv.FormatInt(inodes, 10), "-E", "root_owner=0:0", file)
+	args := append([]string{"-q", "-F", "-t", "ext4", "-m", "0", "-b", "4096"}, opts...)
+	cmd := exec.CommandContext(ctx, mkfs, append(args, file)...)
 	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "MKE2FS_CONFIG=/dev/null"}
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("mke2fs: %v: %s", err, strings.TrimSpace(string(out)))
