@@ -523,8 +523,13 @@ func checkDiskQuota(c *cli.Context, stateDir string, size int64, logger *slog.Lo
 	if err == nil {
 		err = rt.CheckDisk(c.Context, size)
 	}
-	if err != nil {
+	switch {
+	case errors.Is(err, localbox.ErrNoDiskQuota):
 		return fmt.Errorf("SANDGATE_SANDBOX_DISK (--sandbox-disk) %s: each sandbox's disk quota cannot be applied on this host: %w; run serve as root on a host with the loop driver (modprobe loop) and mke2fs (apt-get install e2fsprogs), or set SANDGATE_SANDBOX_DISK=none to run sandboxes without one (a sandbox can then fill the file system holding %s)", localbox.FormatSize(size), err, stateDir)
+	case errors.Is(err, localbox.ErrBadInput):
+		return badInput("SANDGATE_SANDBOX_DISK (--sandbox-disk) %s: %v", localbox.FormatSize(size), err)
+	case err != nil:
+		return fmt.Errorf("SANDGATE_SANDBOX_DISK (--sandbox-disk) %s: %w", localbox.FormatSize(size), err)
 	}
 	return nil
 }
