@@ -69,7 +69,7 @@ func (l Limits) Or(def Limits) Limits {
 
 // DefaultDiskLimit is `sandgate serve`'s default disk quota of each
 // sandbox (SANDGATE_SANDBOX_DISK): room for a repository, its
-// dependencies and build outputs, as E2B and Daytona give theirs.
+// dependencies and build outputs (E2B gives 10 GB on its smaller plan).
 const DefaultDiskLimit = "10g"
 
 // Minimums below which a sandbox cannot do useful work: a value under
