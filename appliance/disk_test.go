@@ -23,6 +23,7 @@ func (r *mrig) dfSize(id string) int64 {
 // now its quota: past it its writes fail with ENOSPC, and it keeps it
 // across a suspend.
 func TestSandboxWritesStopAtItsDiskLimit(t *testing.T) {
+	t.Parallel() // waits on sandboxes and the store more than it works
 	r := newManagerRig(t, newStore(t, "dir"), func(c *ManagerConfig) { c.Limits.Disk = 24 << 20 })
 	r.create("dflt", CreateOptions{})
 	r.create("own", CreateOptions{Limits: Limits{Disk: 48 << 20}})
@@ -52,6 +53,7 @@ func TestSandboxWritesStopAtItsDiskLimit(t *testing.T) {
 // resumed with the same content at almost no allocated bytes, under a
 // disk limit far below its apparent size.
 func TestSparseFileSurvivesSuspendAndResume(t *testing.T) {
+	t.Parallel() // waits on sandboxes and the store more than it works
 	r := newManagerRig(t, newStore(t, "dir"), nil)
 	r.create("sp", CreateOptions{Limits: Limits{Disk: 64 << 20}})
 	if code, out := r.sh("sp", "truncate -s 4G /root/sparse && printf middle | dd of=/root/sparse bs=1 seek=2147483648 conv=notrunc 2>&1"); code != 0 {
@@ -90,6 +92,7 @@ func TestSparseFileSurvivesSuspendAndResume(t *testing.T) {
 // the limit and the fix, and stays suspended, whole, to resume once the
 // limit is raised.
 func TestResumeOverDiskLimitSaysWhy(t *testing.T) {
+	t.Parallel() // waits on sandboxes and the store more than it works
 	r := newManagerRig(t, newStore(t, "dir"), nil)
 	r.create("full", CreateOptions{})
 	if code, out := r.sh("full", "head -c 8388608 /dev/urandom > /root/data && echo kept > /root/small"); code != 0 {
