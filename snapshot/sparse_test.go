@@ -401,7 +401,9 @@ func readEntries(r io.Reader) []tarEntry {
 // the same header and data.
 func FuzzSparseFilter(f *testing.F) {
 	for _, c := range hostileCases {
-		f.Add(c.make(f))
+		if b, err := os.ReadFile(filepath.Join("testdata", "hostile", c.file)); err == nil {
+			f.Add(b)
+		}
 	}
 	src := mkdir(f, filepath.Join(f.TempDir(), "src"))
 	os.WriteFile(filepath.Join(src, "plain"), []byte("plain"), 0o644)
