@@ -344,6 +344,9 @@ func (l *Launcher) Create(ctx context.Context, id string, opts LaunchOptions) er
 		if l.cfg.SandboxesCPUWeight > 0 {
 			args = append(args, "--sandboxes-cpu-weight", strconv.Itoa(l.cfg.SandboxesCPUWeight))
 		}
+		if opts.Limits.Disk > 0 {
+			args = append(args, "--disk", fmt.Sprint(opts.Limits.Disk))
+		}
 		if l.cfg.Rootfs != "" {
 			args = append(args, "--rootfs", l.cfg.Rootfs)
 		}

@@ -90,6 +90,11 @@ func (l Limits) Or(def Limits) Limits {
 	return l
 }
 
+// DefaultDiskLimit is `sandgate serve`'s default disk quota of each
+// sandbox (SANDGATE_SANDBOX_DISK): room for a repository, its
+// dependencies and build outputs (E2B gives 10 GB on its smaller plan).
+const DefaultDiskLimit = "10g"
+
 // Minimums below which a sandbox cannot do useful work: a value under
 // one of them is refused, naming it, rather than giving a sandbox that
 // fails in ways its caller cannot explain.
@@ -97,7 +102,7 @@ const (
 	MinCPU             = sandboxcli.MinCPU
 	MinMemory    int64 = 16 << 20
 	MinPids            = 16
-	MinDisk      int64 = 1 << 20
+	MinDisk      int64 = sandboxcli.MinDisk
 	MinLife            = time.Minute
 	MaxCPUWeight       = sandboxcli.MaxCPUWeight
 )

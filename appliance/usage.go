@@ -148,7 +148,11 @@ func (l *Launcher) upperBytes(id string) (size, allocated int64) {
 		return 0, 0
 	}
 	seen := map[uint64]bool{}
-	filepath.WalkDir(filepath.Join(l.sandboxDir(id), "upper"), func(_ string, d fs.DirEntry, err error) error {
+	upper := filepath.Join(l.sandboxDir(id), "layer", "upper") // on a file system of its own (a disk quota)
+	if _, err := os.Lstat(upper); err != nil {
+		upper = filepath.Join(l.sandboxDir(id), "upper")
+	}
+	filepath.WalkDir(upper, func(_ string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return nil
 		}

@@ -207,7 +207,7 @@ func (a *applier) read(r io.Reader) (*ApplyResult, error) {
 	tarRead := newHashingReader(&cappedReader{r: dec, max: a.opts.MaxBytes})
 	ra := newReadAhead(tarRead, 1<<20, 4)
 	defer ra.close() // before dec.Close: the goroutine reads dec
-	tr := tar.NewReader(ra)
+	tr := tar.NewReader(newSparseFilter(ra))
 	for {
 		if err := a.ctx.Err(); err != nil {
 			return nil, context.Cause(a.ctx)
@@ -264,11 +264,15 @@ func (a *applier) apply(hdr *tar.Header, content io.Reader) error {
 	if hdr.Typeflag == tar.TypeXGlobalHeader {
 		return nil
 	}
+	sp, err := sparseOf(hdr, content)
+	if err != nil {
+		return err
+	}
 	name, err := cleanEntryName(hdr.Name)
 	if err != nil {
 		return err
 	}
-	if err := checkSizes(hdr, &a.total, a.opts.MaxBytes); err != nil {
+	if err := checkSizes(hdr, sp, &a.total, a.opts.MaxBytes); err != nil {
 		return err
 	}
 	if hdr.Mode&0o6000 != 0 && !a.opts.Trusted {
@@ -297,7 +301,7 @@ func (a *applier) apply(hdr *tar.Header, content io.Reader) error {
 	}
 	switch hdr.Typeflag {
 	case tar.TypeReg:
-		return a.file(name, hdr, content, xattrs)
+		return a.file(name, hdr, sp, content, xattrs)
 	case tar.TypeDir:
 		return a.dir(name, hdr)
 	case tar.TypeSymlink:
@@ -446,7 +450,10 @@ func (a *applier) removeStaged(name string) error {
 	return nil
 }
 
-func (a *applier) file(name string, hdr *tar.Header, content io.Reader, xattrs map[string]string) error {
+// file writes a regular file: its data where it has any, holes where it
+// has none (a sparse entry's holes, and whole blocks of zeros of any
+// other: a layer from elsewhere may hold a sparse file written out).
+func (a *applier) file(name string, hdr *tar.Header, sp *sparseFile, content io.Reader, xattrs map[string]string) error {
 	dfd, err := a.dirFd(path.Dir(name))
 	if err != nil {
 		return &EntryError{Name: name, Reason: err.Error(), Err: err}
@@ -456,9 +463,10 @@ func (a *applier) file(name string, hdr *tar.Header, content io.Reader, xattrs m
 		return &EntryError{Name: name, Reason: err.Error(), Err: err}
 	}
 	f := os.NewFile(uintptr(fd), name)
-	n, err := io.CopyBuffer(onlyWriter{f}, content, a.buf)
-	if err == nil && n != hdr.Size {
-		err = io.ErrUnexpectedEOF
+	if sp != nil {
+		err = writeSpans(f, sp.spans, hdr.Size, content, a.buf)
+	} else if err = writeData(f, 0, content, hdr.Size, a.buf); err == nil {
+		err = f.Truncate(hdr.Size)
 	}
 	if err == nil {
 		err = a.fileMeta(f, hdr, xattrs)
@@ -533,22 +541,19 @@ func (d *dirMeta) size() int64 {
 	return n
 }
 
-// checkSizes refuses sparse entries (archive/tar synthesizes their holes,
-// which no stream cap would see; layers never hold them) and an entry that
-// would take the sizes of the entries so far, *total, over max.
-func checkSizes(hdr *tar.Header, total *int64, max int64) error {
-	if hdr.Typeflag == tar.TypeGNUSparse {
-		return refuse(hdr.Name, "sparse entry (a layer never holds one)")
+// checkSizes refuses an entry whose data would take the data of the
+// entries so far, *total, over max: what counts is what a file stores, so
+// a sparse file's holes are free (they cost no disk and no time; sparse.go)
+// and an apparent size beyond max is fine.
+func checkSizes(hdr *tar.Header, sp *sparseFile, total *int64, max int64) error {
+	size := hdr.Size
+	if sp != nil {
+		size = dataBytes(sp.spans)
 	}
-	for k := range hdr.PAXRecords {
-		if strings.HasPrefix(k, "GNU.sparse.") {
-			return refuse(hdr.Name, "sparse entry (a layer never holds one)")
-		}
+	if size < 0 || size > max {
+		return refuse(hdr.Name, "size %d exceeds the %d-byte cap", size, max)
 	}
-	if hdr.Size < 0 || hdr.Size > max {
-		return refuse(hdr.Name, "size %d exceeds the %d-byte cap", hdr.Size, max)
-	}
-	if *total += hdr.Size; *total > max {
+	if *total += size; *total > max {
 		return refuse(hdr.Name, "entries total more than the %d-byte cap", max)
 	}
 	return nil

@@ -75,7 +75,8 @@ func MergeLayers(ctx context.Context, base, delta io.Reader, w io.Writer, opts M
 	}
 	sw := bufio.NewWriterSize(spool, 1<<20)
 	tw := tar.NewWriter(sw)
-	err = eachEntry(ctx, dr.tr, opts.MaxBytes, func(h *tar.Header, r io.Reader) error {
+	buf := make([]byte, 1<<20)
+	err = eachEntry(ctx, dr.tr, opts.MaxBytes, func(h *tar.Header, sp *sparseFile, r io.Reader) error {
 		name, err := cleanEntryName(h.Name)
 		if err != nil {
 			return err
@@ -94,7 +95,7 @@ func MergeLayers(ctx context.Context, base, delta io.Reader, w io.Writer, opts M
 				ds.nondirs[name] = true
 			}
 		}
-		return copyEntry(tw, h, r)
+		return copyEntry(tw, sw, h, sp, r, buf)
 	})
 	if err == nil {
 		err = dr.finish()
@@ -120,7 +121,7 @@ func MergeLayers(ctx context.Context, base, delta io.Reader, w io.Writer, opts M
 		_, _ = lw.close(err, entries) // stops the compressor's goroutines
 		return nil, fmt.Errorf("merge: base: %w", err)
 	}
-	err = eachEntry(ctx, br.tr, opts.MaxBytes, func(h *tar.Header, r io.Reader) error {
+	err = eachEntry(ctx, br.tr, opts.MaxBytes, func(h *tar.Header, sp *sparseFile, r io.Reader) error {
 		name, err := cleanEntryName(h.Name)
 		if err != nil {
 			return err
@@ -141,7 +142,7 @@ func MergeLayers(ctx context.Context, base, delta io.Reader, w io.Writer, opts M
 			}
 		}
 		entries++
-		return copyEntry(lw.tw, h, r)
+		return copyEntry(lw.tw, lw.tarN, h, sp, r, buf)
 	})
 	if err == nil {
 		err = br.finish()
@@ -155,12 +156,12 @@ func MergeLayers(ctx context.Context, base, delta io.Reader, w io.Writer, opts M
 		_, _ = lw.close(err, entries)
 		return nil, err
 	}
-	err = eachEntry(ctx, tar.NewReader(bufio.NewReaderSize(spool, 1<<20)), opts.MaxBytes, func(h *tar.Header, r io.Reader) error {
+	err = eachEntry(ctx, tar.NewReader(newSparseFilter(bufio.NewReaderSize(spool, 1<<20))), opts.MaxBytes, func(h *tar.Header, sp *sparseFile, r io.Reader) error {
 		if h.PAXRecords[paxRemovedKey] == "1" {
 			return nil
 		}
 		entries++
-		return copyEntry(lw.tw, h, r)
+		return copyEntry(lw.tw, lw.tarN, h, sp, r, buf)
 	})
 	m, err := lw.close(err, entries)
 	if err != nil {
@@ -202,12 +203,14 @@ func openTar(r io.Reader, max int64) (*tarStream, error) {
 		return nil, err
 	}
 	capped := &cappedReader{r: dec, max: max}
-	return &tarStream{tr: tar.NewReader(capped), tar: capped, br: br, dec: dec}, nil
+	return &tarStream{tr: tar.NewReader(newSparseFilter(capped)), tar: capped, br: br, dec: dec}, nil
 }
 
-// eachEntry calls fn with each entry of tr, refusing sparse entries and
-// entries whose sizes add up to more than max bytes (see checkSizes).
-func eachEntry(ctx context.Context, tr *tar.Reader, max int64, fn func(*tar.Header, io.Reader) error) error {
+// eachEntry calls fn with each entry of tr, its sparse map read when it
+// is a sparse file (sparseOf: r then yields the data of its spans),
+// refusing entries whose data add up to more than max bytes (see
+// checkSizes).
+func eachEntry(ctx context.Context, tr *tar.Reader, max int64, fn func(h *tar.Header, sp *sparseFile, r io.Reader) error) error {
 	var total int64
 	for {
 		if err := ctx.Err(); err != nil {
@@ -223,22 +226,31 @@ func eachEntry(ctx context.Context, tr *tar.Reader, max int64, fn func(*tar.Head
 		if h.Typeflag == tar.TypeXGlobalHeader {
 			continue
 		}
-		if err := checkSizes(h, &total, max); err != nil {
+		sp, err := sparseOf(h, tr)
+		if err != nil {
 			return err
 		}
-		if err := fn(h, tr); err != nil {
+		if err := checkSizes(h, sp, &total, max); err != nil {
+			return err
+		}
+		if err := fn(h, sp, tr); err != nil {
 			return err
 		}
 	}
 }
 
-func copyEntry(tw *tar.Writer, h *tar.Header, r io.Reader) error {
+// copyEntry writes an entry read by eachEntry to tw (raw: the stream
+// beneath it), a sparse file as one.
+func copyEntry(tw *tar.Writer, raw io.Writer, h *tar.Header, sp *sparseFile, r io.Reader, buf []byte) error {
+	if sp != nil {
+		return writeSparseEntry(tw, raw, h, sp.spans, r, buf)
+	}
 	h.Format = tar.FormatPAX
 	if err := tw.WriteHeader(h); err != nil {
 		return fmt.Errorf("%s: %w", h.Name, err)
 	}
 	if h.Size > 0 {
-		if _, err := io.CopyN(tw, r, h.Size); err != nil {
+		if _, err := io.CopyBuffer(onlyWriter{tw}, io.LimitReader(r, h.Size), buf); err != nil {
 			return fmt.Errorf("%s: %w", h.Name, err)
 		}
 	}

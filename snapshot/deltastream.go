@@ -52,7 +52,7 @@ func PackStream(ctx context.Context, src io.Reader, w io.Writer, opts PackOption
 	p := &packer{ctx: ctx, tw: lw.tw, tarN: lw.tarN, opts: opts, base: idx, seen: map[string]string{}, buf: make([]byte, 1<<20)}
 	forced := map[string]bool{}  // directories newly opaque: everything below is written
 	written := map[string]bool{} // paths written in full, for hardlinks to them
-	err = eachEntry(ctx, in.tr, DefaultMaxBytes, func(h *tar.Header, r io.Reader) error {
+	err = eachEntry(ctx, in.tr, DefaultMaxBytes, func(h *tar.Header, sp *sparseFile, r io.Reader) error {
 		if read != nil {
 			defer func() { opts.Progress(read.n.Load()) }()
 		}
@@ -86,19 +86,31 @@ func PackStream(ctx context.Context, src io.Reader, w io.Writer, opts PackOption
 			p.addIndex(fi)
 			return nil
 		}
-		h.Format = tar.FormatPAX
-		if err := p.tw.WriteHeader(h); err != nil {
-			return fmt.Errorf("%s: %w", h.Name, err)
-		}
 		p.entries++
 		written[fi.Path] = true
-		if h.Size > 0 {
-			sum := sha256.New()
-			if _, err := io.CopyBuffer(onlyWriter{io.MultiWriter(p.tw, sum)}, io.LimitReader(r, h.Size), p.buf); err != nil {
-				return fmt.Errorf("%s: %w", h.Name, err)
+		if !opts.Index || h.Typeflag != tar.TypeReg || h.Size == 0 {
+			if err := copyEntry(p.tw, lw.tarN, h, sp, r, p.buf); err != nil {
+				return err
 			}
-			fi.SHA256 = hex.EncodeToString(sum.Sum(nil))
+			p.addIndex(fi)
+			return nil
 		}
+		// The index has the sha256 of the file's content: its data, and
+		// the zeros of its holes.
+		sum := sha256.New()
+		var fed io.Writer = sum
+		var feeder *holeFeeder
+		if sp != nil {
+			feeder = newHoleFeeder(sum, sp.spans, h.Size)
+			fed = feeder
+		}
+		if err := copyEntry(p.tw, lw.tarN, h, sp, io.TeeReader(r, fed), p.buf); err != nil {
+			return err
+		}
+		if feeder != nil {
+			feeder.close()
+		}
+		fi.SHA256 = hex.EncodeToString(sum.Sum(nil))
 		p.addIndex(fi)
 		return nil
 	})

@@ -8,6 +8,7 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -145,11 +146,22 @@ var hostileCases = []hostileCase{
 		tw.Close()
 		return zstdOf(t, tb.Bytes())
 	}},
-	{"sparse.tar", "sparse", func(t testing.TB) []byte { return sparseTar(2, 1<<20) }},
-	{"sparse-bomb.tar.zst", "sparse", func(t testing.TB) []byte {
-		// 10 sparse entries of 15 MiB: each under the cap, 150 MiB in all
-		// from a few hundred bytes, none of it seen by the stream cap.
-		return zstdOf(t, sparseTar(10, 15<<20))
+	{"sparse-overlap.tar", "sparse map", func(t testing.TB) []byte {
+		return sparseTarWith("f", 1<<20, "2\n0\n3\n2\n2\n", []byte("abcxy"))
+	}},
+	{"sparse-beyond.tar", "sparse map", func(t testing.TB) []byte {
+		return sparseTarWith("f", 100, "1\n99\n2\n", []byte("ab"))
+	}},
+	{"sparse-data-bomb.tar.zst", "exceeds", func(t testing.TB) []byte {
+		// 10 sparse entries of 2 MiB of data each (zeros: a few KiB
+		// compressed): each under the cap, 20 MiB of data in all.
+		var b bytes.Buffer
+		for i := range 10 {
+			e := sparseTarWith("f"+strconv.Itoa(i), 1<<40, "1\n0\n2097152\n", make([]byte, 2<<20))
+			b.Write(e[:len(e)-1024])
+		}
+		b.Write(make([]byte, 1024))
+		return zstdOf(t, b.Bytes())
 	}},
 	{"truncated.tar.zst", "", func(t testing.TB) []byte {
 		b := validLayer(t)

@@ -176,8 +176,9 @@ func prepareRoot(dir string, cfg *Config, masks []mask, idBase int) (rootFD int,
 	// Fresh work directories: an overlay mounted volatile leaves a mark in
 	// its own that refuses the next mount (a first attempt, with a user
 	// namespace, may have made one).
+	layerDir := layerRoot(dir, cfg)
 	for _, w := range append([]string{workDir}, workDirs(cfg.Rootfs)...) {
-		p := filepath.Join(dir, w)
+		p := filepath.Join(layerDir, w)
 		if err := os.RemoveAll(p); err != nil {
 			return -1, err
 		}
@@ -219,7 +220,7 @@ func prepareRoot(dir string, cfg *Config, masks []mask, idBase int) (rootFD int,
 		// upper is the same directory of the sandbox's upper, so that its
 		// changes are in the sandbox's layer like any other.
 		for _, d := range subdirs {
-			if err := ensureDir(filepath.Join(dir, upperDir), d, "/"+d); err != nil {
+			if err := ensureDir(filepath.Join(layerDir, upperDir), d, "/"+d); err != nil {
 				return -1, err
 			}
 		}
@@ -245,7 +246,7 @@ func prepareRoot(dir string, cfg *Config, masks []mask, idBase int) (rootFD int,
 	if err := buildScaffold(top, cfg, lookup, uid); err != nil {
 		return -1, fmt.Errorf("scaffold: %w", err)
 	}
-	sandbox, err := layer(dir)
+	sandbox, err := layer(layerDir)
 	if err != nil {
 		return -1, err
 	}

@@ -119,12 +119,18 @@ func (m *Runtime) Tar(ctx context.Context, id string, w io.Writer, opts snapshot
 	if err := CheckID(id); err != nil {
 		return nil, err
 	}
-	inf, _, rs, err := m.info(id)
+	inf, cfg, rs, err := m.info(id)
 	if err != nil {
 		return nil, err
 	}
 	if inf.State == Creating {
 		return nil, fmt.Errorf("%w: %q is being created", ErrBusy, id)
+	}
+	if cfg == nil {
+		return nil, fmt.Errorf("%w: %q has no configuration (its creation failed); delete it", ErrNotFound, id)
+	}
+	if err := ensureLayer(m.sandboxDir(id), cfg); err != nil {
+		return nil, err
 	}
 	if inf.State == Running && rs != nil {
 		cg := &cgroups{dirs: rs.Cgroups, v2: rs.CgroupV2}
@@ -137,7 +143,7 @@ func (m *Runtime) Tar(ctx context.Context, id string, w io.Writer, opts snapshot
 	if opts.SandboxID == "" {
 		opts.SandboxID = id
 	}
-	return snapshot.Pack(ctx, filepath.Join(m.sandboxDir(id), upperDir), w, opts)
+	return snapshot.Pack(ctx, filepath.Join(layerRoot(m.sandboxDir(id), cfg), upperDir), w, opts)
 }
 
 // Fork creates sandbox dst like src (same rootfs, mounts, environment,
@@ -225,12 +231,22 @@ func (m *Runtime) create(ctx context.Context, cfg *Config, fill func(upper strin
 		if cg != nil {
 			_ = cg.remove(context.WithoutCancel(ctx))
 		}
+		_ = unmountLayer(dir)
 		_ = os.RemoveAll(dir)
 	}()
-	if err := fill(filepath.Join(dir, upperDir)); err != nil {
-		return nil, err
+	if cfg.Disk > 0 {
+		if err := m.makeLayer(ctx, dir, cfg.Disk); err != nil {
+			return nil, err
+		}
 	}
-	for _, d := range []string{workDir, rootDir, scaffoldDir} {
+	layer := layerRoot(dir, cfg)
+	if err := fill(filepath.Join(layer, upperDir)); err != nil {
+		return nil, noSpace(err, cfg, "the layer it starts from")
+	}
+	if err := os.Mkdir(filepath.Join(layer, workDir), 0o700); err != nil {
+		return nil, noSpace(err, cfg, "its work directory")
+	}
+	for _, d := range []string{rootDir, scaffoldDir} {
 		if err := os.Mkdir(filepath.Join(dir, d), 0o700); err != nil {
 			return nil, err
 		}

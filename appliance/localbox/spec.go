@@ -146,6 +146,11 @@ type Config struct {
 	// when it has work. 0 leaves the parent's as it is (the kernel's
 	// default, 100, where nothing set it).
 	SandboxesCPUWeight int `json:"sandboxesCpuWeight,omitempty"`
+	// Disk is the bytes the sandbox's writable layer may take on the host:
+	// the size of the file system of its own that holds it (see disk.go),
+	// past which its writes fail with ENOSPC. 0 means no quota: the layer
+	// lives in the state directory's file system, as large as that lets it.
+	Disk int64 `json:"disk,omitempty"`
 	// TmpSize and ShmSize bound the tmpfs on /tmp and /dev/shm, in bytes;
 	// 0 means DefaultTmpSize and DefaultShmSize. Without a size a tmpfs may
 	// take half the host's memory; its pages count against the memory
@@ -215,6 +220,11 @@ func (c *Config) check() error {
 		seen[m.Destination] = true
 		if _, err := os.Stat(m.Source); err != nil {
 			return fmt.Errorf("%w: mount source: %v", ErrBadInput, err)
+		}
+	}
+	if c.Disk != 0 {
+		if err := checkDiskSize(c.Disk); err != nil {
+			return err
 		}
 	}
 	if c.Memory < 0 || c.Pids < 0 {

@@ -108,7 +108,7 @@ func (m *Runtime) ImportTemplate(ctx context.Context, name string, layer io.Read
 	if err := os.Mkdir(mnt, 0o700); err != nil {
 		return err
 	}
-	if err := mountImage(img, mnt, false); err != nil {
+	if err := mountImage(img, mnt, false, ""); err != nil {
 		return fmt.Errorf("template %q: %w", name, err)
 	}
 	_, uerr := snapshot.Unpack(ctx, layer, filepath.Join(mnt, "root"), snapshot.ApplyOptions{Mode: snapshot.ModeUpper, Trusted: true})
@@ -134,14 +134,29 @@ func (m *Runtime) ImportTemplate(ctx context.Context, name string, layer io.Read
 // a layer of the given size: its bytes with slack, a block per entry for
 // the small ones, and an inode each.
 func makeImage(ctx context.Context, file string, size TemplateSize) error {
-	const block = 4096
+	const block = 4096 // mkfsImage's
 	bytes := size.TarSize + size.TarSize/4 + size.Entries*block + 64<<20
 	bytes = (bytes + block - 1) / block * block
+	inodes := size.Entries + size.Entries/4 + 1024
+	err := mkfsImage(ctx, file, bytes, "-O", "^has_journal", "-N", strconv.FormatInt(inodes, 10), "-E", "root_owner=0:0")
+	if errors.Is(err, errNoMkfs) {
+		return fmt.Errorf("templates need mke2fs: %w", err)
+	}
+	return err
+}
+
+// errNoMkfs: mke2fs is missing.
+var errNoMkfs = errors.New("mke2fs is not installed (Debian and Ubuntu: apt-get install e2fsprogs)")
+
+// mkfsImage makes file, a new sparse file of size bytes, an empty ext4
+// file system with 4 KiB blocks, none reserved for root, and mke2fs's
+// options opts beside. Without mke2fs it is errNoMkfs.
+func mkfsImage(ctx context.Context, file string, size int64, opts ...string) error {
 	f, err := os.OpenFile(file, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return err
 	}
-	err = f.Truncate(bytes)
+	err = f.Truncate(size)
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
@@ -150,11 +165,10 @@ func makeImage(ctx context.Context, file string, size TemplateSize) error {
 	}
 	mkfs, err := exec.LookPath("mke2fs")
 	if err != nil {
-		return fmt.Errorf("templates need mke2fs (Debian and Ubuntu: apt-get install e2fsprogs): %w", err)
+		return fmt.Errorf("%w: %v", errNoMkfs, err)
 	}
-	inodes := size.Entries + size.Entries/4 + 1024
-	cmd := exec.CommandContext(ctx, mkfs, "-q", "-F", "-t", "ext4", "-O", "^has_journal", "-m", "0",
-		"-b", strconv.Itoa(block), "-N", strconv.FormatInt(inodes, 10), "-E", "root_owner=0:0", file)
+	args := append([]string{"-q", "-F", "-t", "ext4", "-m", "0", "-b", "4096"}, opts...)
+	cmd := exec.CommandContext(ctx, mkfs, append(args, file)...)
 	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "MKE2FS_CONFIG=/dev/null"}
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("mke2fs: %v: %s", err, strings.TrimSpace(string(out)))
@@ -163,11 +177,12 @@ func makeImage(ctx context.Context, file string, size TemplateSize) error {
 }
 
 // mountImage attaches file to a free loop device (released when the mount
-// goes: autoclear) and mounts it at dir.
-func mountImage(file, dir string, readOnly bool) error {
+// goes: autoclear) and mounts its ext4 file system at dir, with the mount
+// options data.
+func mountImage(file, dir string, readOnly bool, data string) error {
 	ctl, err := os.OpenFile("/dev/loop-control", os.O_RDWR|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return fmt.Errorf("loop devices: %w (templates need the loop driver: modprobe loop)", err)
+		return fmt.Errorf("loop devices: %w (templates and disk quotas need the loop driver: modprobe loop)", err)
 	}
 	defer ctl.Close()
 	flags := 0
@@ -209,7 +224,7 @@ func mountImage(file, dir string, readOnly bool) error {
 			lf.Close()
 			return fmt.Errorf("loop device %s: %w", dev, err)
 		}
-		err = unix.Mount(dev, dir, "ext4", mflags, "")
+		err = unix.Mount(dev, dir, "ext4", mflags, data)
 		lf.Close() // with autoclear, the mount now holds the device
 		if err != nil {
 			return fmt.Errorf("mount %s on %s: %w", dev, dir, err)
@@ -220,27 +235,12 @@ func mountImage(file, dir string, readOnly bool) error {
 }
 
 // lockTemplates serialises mounting and removing templates between
-// processes.
+// processes (held for a mount or a removal).
 func (m *Runtime) lockTemplates() (unlock func(), err error) {
 	if err := os.MkdirAll(m.templateArea(), 0o700); err != nil {
 		return nil, err
 	}
-	f, err := os.OpenFile(filepath.Join(m.templateArea(), ".lock"), os.O_RDWR|os.O_CREATE|unix.O_CLOEXEC, 0o600)
-	if err != nil {
-		return nil, err
-	}
-	deadline := time.Now().Add(time.Minute) // held for a mount or a removal
-	for {
-		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
-		if err == nil {
-			return func() { f.Close() }, nil
-		}
-		if !errors.Is(err, unix.EWOULDBLOCK) || time.Now().After(deadline) {
-			f.Close()
-			return nil, fmt.Errorf("%w: the template area is locked by another sandgate process: %v", ErrBusy, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	return flockWait(filepath.Join(m.templateArea(), ".lock"), time.Minute)
 }
 
 // mounted reports whether dir is a mount point (its device differs from
@@ -346,5 +346,5 @@ func (m *Runtime) useTemplate(cfg *Config) error {
 	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
 		return err
 	}
-	return mountImage(img, dir, true)
+	return mountImage(img, dir, true, "")
 }

@@ -105,6 +105,24 @@ func ParseSize(s string) (int64, error) {
 	return v * mult, nil
 }
 
+// MinDisk is the smallest disk quota a sandbox may have (`run --disk`):
+// room for an ext4 file system and a little in it.
+const MinDisk = 1 << 20
+
+// FormatSize writes a byte count as ParseSize reads it: with the largest
+// unit that divides it (k, m, g, t), else in bytes.
+func FormatSize(n int64) string {
+	for _, u := range []struct {
+		suffix string
+		shift  uint
+	}{{"t", 40}, {"g", 30}, {"m", 20}, {"k", 10}} {
+		if n > 0 && n%(1<<u.shift) == 0 {
+			return strconv.FormatInt(n>>u.shift, 10) + u.suffix
+		}
+	}
+	return strconv.FormatInt(n, 10)
+}
+
 // State is what List reports for a sandbox.
 type State string
 

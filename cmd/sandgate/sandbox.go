@@ -39,6 +39,7 @@ func sandboxCommand() *cli.Command {
 		&cli.StringFlag{Name: "cpus", Usage: "CPU limit: the `CORES`' worth of time its processes may use together, e.g. 0.5 or 2 (cgroup; past it they are throttled; none when empty or 0)"},
 		&cli.IntFlag{Name: "cpu-weight", Usage: "its share `W` of the cores when sandboxes contend, 1 to 10000, 100 an equal share (cgroup cpu.weight; v1 cpu.shares scaled, 100 = 1024; 0 for the default)"},
 		&cli.IntFlag{Name: "sandboxes-cpu-weight", Usage: "set the CPU weight `W` of all this state directory's sandboxes together against the processes beside them (their parent cgroup), 1 to 10000: 100 weighs as much as one of them (0 leaves it)"},
+		&cli.StringFlag{Name: "disk", Usage: "disk quota: the `BYTES` (or a size like 10g) the writable layer may take on the host, on an ext4 file system of the sandbox's own; past it writes fail with ENOSPC (needs the loop driver and mke2fs; none when empty)"},
 		&cli.StringFlag{Name: "tmp-size", Value: "512m", Usage: "size `BYTES` of the /tmp tmpfs (its pages count against --memory)"},
 		&cli.StringFlag{Name: "shm-size", Value: "64m", Usage: "size `BYTES` of the /dev/shm tmpfs (its pages count against --memory)"},
 	}
@@ -296,7 +297,7 @@ func runSandboxRun(c *cli.Context) error {
 	for _, sz := range []struct {
 		flag string
 		dst  *int64
-	}{{"memory", &opts.Memory}, {"tmp-size", &opts.TmpSize}, {"shm-size", &opts.ShmSize}} {
+	}{{"memory", &opts.Memory}, {"tmp-size", &opts.TmpSize}, {"shm-size", &opts.ShmSize}, {"disk", &opts.Disk}} {
 		if s := c.String(sz.flag); s != "" {
 			if *sz.dst, err = localbox.ParseSize(s); err != nil {
 				return sandboxErr(fmt.Errorf("--%s: %w", sz.flag, err))

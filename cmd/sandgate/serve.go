@@ -77,6 +77,7 @@ Run (IAM in front) or with --allow-open.`,
 			&cli.StringFlag{Name: "sandbox-cpu", Usage: "CPU limit of each sandbox: the `CORES`' worth of time its processes may use together, e.g. 1.5; 0 for none (sandgate sandbox)", DefaultText: "the host's cores less one", EnvVars: []string{"SANDGATE_SANDBOX_CPU"}},
 			&cli.IntFlag{Name: "sandbox-cpu-weight", Value: appliance.DefaultCPUWeight, Usage: "CPU weight of each sandbox, `W` from 1 to 10000: its share of the cores when sandboxes contend for them (sandgate sandbox)", EnvVars: []string{"SANDGATE_SANDBOX_CPU_WEIGHT"}},
 			&cli.IntFlag{Name: "sandboxes-cpu-weight", Value: appliance.DefaultSandboxesCPUWeight, Usage: "CPU weight `W` of all the sandboxes together against serve and the other processes beside them, 1 to 10000 (100: as much as one of them; sandgate sandbox)", EnvVars: []string{"SANDGATE_SANDBOXES_CPU_WEIGHT"}},
+			&cli.StringFlag{Name: "sandbox-disk", Value: appliance.DefaultDiskLimit, Usage: "disk quota of each sandbox's writable layer, `SIZE` (sandgate sandbox: an ext4 image of its own, needing root, the loop driver and mke2fs); none to run without one", EnvVars: []string{"SANDGATE_SANDBOX_DISK"}},
 			&cli.StringFlag{Name: "output-buffer", Value: "8m", Usage: "output of each process kept for resumable streams, `SIZE`", EnvVars: []string{"SANDGATE_OUTPUT_BUFFER"}},
 			&cli.StringFlag{Name: "output-budget", Value: "64m", Usage: "output kept of all processes together, `SIZE`: past it the oldest finished process's goes first, then running ones keep an equal share each; 0 no bound", EnvVars: []string{"SANDGATE_OUTPUT_BUDGET"}},
 			&cli.DurationFlag{Name: "sandbox-lifetime", Usage: "destroy a sandbox `DURATION` after its creation, running or suspended (a sandbox's own limits.lifetime overrides); 0 never", EnvVars: []string{"SANDGATE_SANDBOX_LIFETIME"}},
@@ -118,12 +119,13 @@ type serveConfig struct {
 	allowPrivate []netip.Prefix
 	outputBytes  int64
 	outputBudget int64
-	limits       appliance.Limits // the service's defaults: cpu, weight, lifetime and keep-suspended
+	limits       appliance.Limits // the service's defaults: cpu, weight, disk, lifetime and keep-suspended
 	memory       string
 	// cpu and cpuWeight are every sandbox's default CPU limit (negative:
 	// none; 0: the manager's default) and weight.
 	cpu       float64
 	cpuWeight int
+	disk      int64 // each sandbox's default disk quota; 0: none (the operator opted out)
 	// The Cloudflare bridge's sandboxes' network, and its size limit.
 	bridgeHosts    []string
 	bridgeBaseURLs map[string]string
@@ -258,6 +260,12 @@ func checkServe(c *cli.Context) (*serveConfig, error) {
 	if w := c.Int("sandboxes-cpu-weight"); w < 1 || w > appliance.MaxCPUWeight {
 		return nil, badInput("SANDGATE_SANDBOXES_CPU_WEIGHT (--sandboxes-cpu-weight) %d: give 1 to %d (%d weighs as much as one process beside them)", w, appliance.MaxCPUWeight, appliance.DefaultCPUWeight)
 	}
+	if v := c.String("sandbox-disk"); v != "none" {
+		if sc.disk, err = localbox.ParseSize(v); err != nil || sc.disk < appliance.MinDisk {
+			return nil, badInput("SANDGATE_SANDBOX_DISK (--sandbox-disk) %q: want a size of at least %dm such as 10g, or none to run sandboxes without a disk quota", v, appliance.MinDisk>>20)
+		}
+	}
+	sc.limits.Disk = sc.disk
 	if c.Int("egress-port") < 0 || c.Int("egress-port") > 65535 {
 		return nil, badInput("SANDBOX_EGRESS_PORT %d: want 0 to 65535", c.Int("egress-port"))
 	}
@@ -350,6 +358,11 @@ func runServe(c *cli.Context) error {
 		if err := localbox.CheckImage(lc.Rootfs, lc.Hide); err != nil {
 			return badInput("SANDGATE_ROOTFS (--rootfs) %q: %v", lc.Rootfs, err)
 		}
+		if err := checkDiskQuota(c, lc.StateDir, sc.disk, logger); err != nil {
+			return err
+		}
+	} else if sc.disk > 0 {
+		logger.Info("SANDGATE_SANDBOX_DISK does not apply to Google's sandbox CLI, which has no disk quota per sandbox: what a sandbox writes counts against the instance's memory")
 	}
 	rt, modules, err := loadWasm(c, logger, true)
 	if err != nil {
@@ -541,4 +554,28 @@ func removeStaleUploads(ctx context.Context, d *store.Dir, logger *slog.Logger) 
 	if files > 0 {
 		logger.Info("removed unfinished uploads left in the snapshot directory by an earlier crash", "files", files, "bytes", size)
 	}
+}
+
+// checkDiskQuota makes sure, at start, that the default disk quota of
+// sandboxes can be applied on this host (`sandgate sandbox` in stateDir),
+// so that no sandbox runs without one unless the operator said so
+// (SANDGATE_SANDBOX_DISK=none, size 0), which is logged.
+func checkDiskQuota(c *cli.Context, stateDir string, size int64, logger *slog.Logger) error {
+	if size == 0 {
+		logger.Warn("sandboxes run without a disk quota (SANDGATE_SANDBOX_DISK=none): one can fill the file system holding " + stateDir)
+		return nil
+	}
+	rt, err := localbox.NewRuntime(stateDir)
+	if err == nil {
+		err = rt.CheckDisk(c.Context, size)
+	}
+	switch {
+	case errors.Is(err, localbox.ErrNoDiskQuota):
+		return fmt.Errorf("SANDGATE_SANDBOX_DISK (--sandbox-disk) %s: each sandbox's disk quota cannot be applied on this host: %w; run serve as root on a host with the loop driver (modprobe loop) and mke2fs (apt-get install e2fsprogs), or set SANDGATE_SANDBOX_DISK=none to run sandboxes without one (a sandbox can then fill the file system holding %s)", localbox.FormatSize(size), err, stateDir)
+	case errors.Is(err, localbox.ErrBadInput):
+		return badInput("SANDGATE_SANDBOX_DISK (--sandbox-disk) %s: %v", localbox.FormatSize(size), err)
+	case err != nil:
+		return fmt.Errorf("SANDGATE_SANDBOX_DISK (--sandbox-disk) %s: %w", localbox.FormatSize(size), err)
+	}
+	return nil
 }

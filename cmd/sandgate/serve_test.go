@@ -59,6 +59,9 @@ func TestServeRefusesBadSettings(t *testing.T) {
 		{[]string{"SANDGATE_SANDBOX_CPU_WEIGHT=heavy"}, "SANDGATE_SANDBOX_CPU_WEIGHT"},
 		{[]string{"SANDGATE_SANDBOXES_CPU_WEIGHT=0"}, "SANDGATE_SANDBOXES_CPU_WEIGHT"},
 		{[]string{"SANDGATE_SANDBOXES_CPU_WEIGHT=10001"}, "SANDGATE_SANDBOXES_CPU_WEIGHT"},
+		{[]string{"SANDGATE_SANDBOX_DISK=lots"}, "SANDGATE_SANDBOX_DISK"},
+		{[]string{"SANDGATE_SANDBOX_DISK=100k"}, "SANDGATE_SANDBOX_DISK"},
+		{[]string{"SANDGATE_SANDBOX_DISK=0"}, "SANDGATE_SANDBOX_DISK"},
 		{[]string{"SANDBOX_ALLOWED_HOSTS=bad host"}, "allowedHosts"},
 		{[]string{"SANDBOX_API_KEY=short"}, "SANDBOX_API_KEY"},
 		{[]string{"SANDBOX_API_KEY=" + strings.Repeat("k", 20), "HOST=0.0.0.0"}, "SANDBOX_API_KEY locks the Cloudflare bridge's routes only"},
@@ -497,5 +500,28 @@ func TestServeFailedStartLeavesTheStore(t *testing.T) {
 	}
 	if _, err := os.Stat(stale); err != nil {
 		t.Errorf("a start that failed cleaned the store: %v", err)
+	}
+}
+
+// Where a disk quota per sandbox cannot be applied (here: no mke2fs on
+// serve's PATH), serve says so at start, with what to do, and does not run
+// sandboxes without one; SANDGATE_SANDBOX_DISK=none runs them without,
+// saying so in its log.
+func TestServeRefusesToRunWithoutDiskQuotas(t *testing.T) {
+	t.Parallel() // processes of their own, waiting more than working
+	noTools := "PATH=" + t.TempDir()
+	cmd := exec.Command(binary(t), "serve")
+	cmd.Env = append(serveEnv(t), noTools)
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	for _, want := range []string{"SANDGATE_SANDBOX_DISK", "cannot be applied on this host", "mke2fs", "SANDGATE_SANDBOX_DISK=none"} {
+		if !errors.As(err, &ee) || !strings.Contains(string(out), want) {
+			t.Errorf("serve where mke2fs is missing: %v\n%s\nwant a failed start saying %q", err, out, want)
+		}
+	}
+	var log bytes.Buffer
+	startServe(t, append(serveEnv(t, "LOG_FORMAT=text", "SANDGATE_SANDBOX_DISK=none"), noTools), &log)
+	if !strings.Contains(log.String(), "without a disk quota (SANDGATE_SANDBOX_DISK=none)") {
+		t.Errorf("serve without disk quotas did not say so:\n%s", log.String())
 	}
 }
