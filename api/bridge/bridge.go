@@ -195,8 +195,7 @@ func (b *Bridge) Front(rest http.Handler) http.Handler {
 // ServeHTTP checks the key, then routes. No route is 404 (405 with Allow
 // for another method), in the contract's error shape.
 func (b *Bridge) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if err := b.authorize(r); err != nil {
-		writeError(w, err, poolFailure)
+	if !b.Authorize(w, r) {
 		return
 	}
 	if _, pattern := b.mux.Handler(r); pattern == "" {
@@ -218,6 +217,18 @@ func (b *Bridge) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	b.mux.ServeHTTP(w, r)
+}
+
+// Authorize checks r's key and reports whether it may go on; when not, it
+// has answered the contract's 401. The forwarding front asks it before
+// sending a request the bridge Owns to another shard with this shard's
+// own credentials.
+func (b *Bridge) Authorize(w http.ResponseWriter, r *http.Request) bool {
+	if err := b.authorize(r); err != nil {
+		writeError(w, err, poolFailure)
+		return false
+	}
+	return true
 }
 
 // authorize checks the key: Authorization: Bearer <key> (the scheme in any
