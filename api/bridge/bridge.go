@@ -27,6 +27,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sandgate/sandgate/api"
 	"github.com/sandgate/sandgate/appliance"
 	"github.com/sandgate/sandgate/appliance/agent"
 )
@@ -166,18 +167,49 @@ func (b *Bridge) routes() {
 func (b *Bridge) Patterns() []string { return slices.Clone(b.patterns) }
 
 // Owns reports whether a request is the bridge's: every request under
-// /v1/sandbox (singular) and /v1/pool, and GET /v1/openapi.json when it
-// carries the bridge's key (the same document is served to protocol 1's
-// callers by the rest of the service).
+// /v1/sandbox (singular) and /v1/pool; with a key configured, GET
+// /v1/openapi.json when it carries the key (the same document is served to
+// protocol 1's callers by the rest of the service), and any request that
+// presents a bridge key that is wrong, on any route, so that it gets the
+// bridge's 401 rather than what the rest of the service would answer
+// without one (a bridge client's preflight must not pass with a wrong
+// key).
 func (b *Bridge) Owns(r *http.Request) bool {
-	p := r.URL.Path
 	switch {
-	case p == "/v1/sandbox", strings.HasPrefix(p, "/v1/sandbox/"), p == "/v1/pool", strings.HasPrefix(p, "/v1/pool/"):
+	case bridgePath(r.URL.Path):
 		return true
-	case p == "/v1/openapi.json":
-		return b.cfg.Key != "" && b.authorize(r) == nil
+	case b.cfg.Key == "" || !presentsKey(r):
+		return false
 	}
-	return false
+	return r.URL.Path == "/v1/openapi.json" || b.authorize(r) != nil
+}
+
+// bridgePath says whether p is under the bridge's own routes: /v1/sandbox
+// (singular) and /v1/pool.
+func bridgePath(p string) bool {
+	return p == "/v1/sandbox" || strings.HasPrefix(p, "/v1/sandbox/") || p == "/v1/pool" || strings.HasPrefix(p, "/v1/pool/")
+}
+
+// presentsKey says whether r presents a bridge key, right or wrong: an
+// Authorization header with the Bearer scheme whose token is not an
+// identity token (a JWT, which Cloud Run's IAM checks and protocol 1's
+// clients send on every call), an Authorization header sent twice, or
+// ?token= on /v1/openapi.json.
+func presentsKey(r *http.Request) bool {
+	switch v := r.Header.Values("Authorization"); {
+	case len(v) > 1:
+		return true
+	case len(v) == 1:
+		scheme, token, _ := strings.Cut(v[0], " ")
+		return strings.EqualFold(scheme, "bearer") && !isJWT(token)
+	}
+	return r.URL.Path == "/v1/openapi.json" && r.URL.Query().Has("token")
+}
+
+// isJWT says whether a token has a JWT's shape: three base64url parts, the
+// first a JSON object's encoding.
+func isJWT(token string) bool {
+	return strings.HasPrefix(token, "eyJ") && strings.Count(token, ".") == 2
 }
 
 // Front is the service with the bridge before it: requests the bridge
@@ -185,6 +217,9 @@ func (b *Bridge) Owns(r *http.Request) bool {
 func (b *Bridge) Front(rest http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if b.Owns(r) {
+			if !bridgePath(r.URL.Path) {
+				w.Header().Set(api.HeaderProtocol, "1") // protocol 1's route: its answers say so
+			}
 			b.ServeHTTP(w, r)
 			return
 		}
