@@ -342,17 +342,10 @@ func TestBridgeClosedWithoutKey(t *testing.T) {
 func TestWrongBridgeKeyIsRefusedOnEveryRoute(t *testing.T) {
 	r := newRigOn(t, stacktest.Config{Bridge: bridge.Config{Key: bridgeKey}}, func(c *server.Config) { c.Token, c.LocalOnly = "", true })
 	call := func(method, target, auth string) (int, string) {
-		req, _ := http.NewRequest(method, r.hs.URL+target, strings.NewReader(`{}`))
-		if auth != "" {
-			req.Header.Set("Authorization", auth)
+		if auth == "" {
+			return r.send(method, target, strings.NewReader(`{}`))
 		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
+		return r.send(method, target, strings.NewReader(`{}`), "Authorization", auth)
 	}
 	for _, tc := range []struct{ method, target, auth string }{
 		{"GET", "/v1/openapi.json", "Bearer wrong-key-0123456789abcdef"},

@@ -87,20 +87,7 @@ func TestPlantedShardGetsNoRequestNorCredential(t *testing.T) {
 	plantShard(t, st, "planted", planted.URL, 1000, "box", "bridgebox")
 	plantShard(t, st, "peer", peer.URL, 10, "peerbox", "peerbridgebox")
 	send := func(method, path, body string, hdr ...string) (int, string) {
-		t.Helper()
-		req, _ := http.NewRequest(method, r.hs.URL+path, strings.NewReader(body))
-		req.Header.Set(api.HeaderProtocol, "1")
-		for i := 0; i+1 < len(hdr); i += 2 {
-			req.Header.Set(hdr[i], hdr[i+1])
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatalf("%s %s: %v", method, path, err)
-		}
-		defer resp.Body.Close()
-		var b bytes.Buffer
-		b.ReadFrom(resp.Body)
-		return resp.StatusCode, b.String()
+		return r.send(method, path, strings.NewReader(body), append([]string{api.HeaderProtocol, "1"}, hdr...)...)
 	}
 	token := []string{api.HeaderToken, r.token, "Authorization", "Bearer eyJhbGciOiJSUzI1NiJ9.eyJhdWQiOiJjbGllbnQifQ.sig", "X-Serverless-Authorization", "Bearer client-identity"}
 	key := []string{"Authorization", "Bearer " + bridgeKey}

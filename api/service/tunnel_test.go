@@ -207,21 +207,7 @@ func TestTunnelsCarryNoCredentialIn(t *testing.T) {
 
 	t.Run("bridge tunnel", func(t *testing.T) {
 		do := func(method, path string, body io.Reader, hdr ...string) (int, string) {
-			req, _ := http.NewRequest(method, r.hs.URL+path, body)
-			req.Header.Set("Authorization", "Bearer "+bridgeKey)
-			for i := 0; i+1 < len(hdr); i += 2 {
-				req.Header.Set(hdr[i], hdr[i+1])
-			}
-			resp, err := (&http.Client{Timeout: 2 * time.Minute}).Do(req)
-			if err != nil {
-				t.Fatalf("%s %s: %v", method, path, err)
-			}
-			defer resp.Body.Close()
-			if resp.StatusCode == http.StatusSwitchingProtocols {
-				return resp.StatusCode, "" // the connection, raw: the server echoes
-			}
-			out, _ := io.ReadAll(resp.Body)
-			return resp.StatusCode, string(out)
+			return r.send(method, path, body, append([]string{"Authorization", "Bearer " + bridgeKey}, hdr...)...)
 		}
 		// A body that arrives in pieces, the credential cut across them.
 		streamed := func() io.Reader {
