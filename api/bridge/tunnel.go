@@ -214,18 +214,18 @@ func (t *guardedTransport) RoundTrip(req *http.Request) (*http.Response, error) 
 		}
 		return nil, err
 	}
-	if req.Body != nil && req.Body != http.NoBody {
-		req.Body = guardedBody{Reader: t.g.Body(req.Body), Closer: req.Body}
-	}
 	// Hooks of the innermost trace run first: the proxy's own, which
 	// copies a 1xx's headers to the caller, sees them stripped.
-	req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
+	out := req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
 		Got1xxResponse: func(_ int, h textproto.MIMEHeader) error {
 			api.StripServiceHeaders(http.Header(h))
 			return nil
 		},
 	}))
-	return t.next.RoundTrip(req)
+	if req.Body != nil && req.Body != http.NoBody {
+		out.Body = guardedBody{Reader: t.g.Body(req.Body), Closer: req.Body}
+	}
+	return t.next.RoundTrip(out)
 }
 
 // guardedBody is a request body read through the guard, closed as itself.
