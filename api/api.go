@@ -4,7 +4,12 @@
 // The server is api/server; the Go client is api/client.
 package api
 
-import "time"
+import (
+	"io"
+	"net/http"
+	"strings"
+	"time"
+)
 
 // ProtocolVersion is the protocol the service speaks and the client sends.
 const ProtocolVersion = 1
@@ -30,6 +35,59 @@ const (
 	// the sender's id): served where it arrives, never forwarded again.
 	HeaderForwarded = "X-Sandgate-Forwarded"
 )
+
+// ServiceHeader reports whether a header is one this service or its
+// clients give a meaning to: every x-sandgate-* (the owner a client
+// follows, the digest it checks), protocol 1's x-ai-sdk-sandbox-* and
+// x-process-id. Only the service sets them: an answer it relays from a
+// server in a sandbox (a port tunnel's) carries none of the sandbox's
+// (StripServiceHeaders), so that no sandbox can send a client elsewhere
+// or speak for the service.
+func ServiceHeader(name string) bool {
+	n := strings.ToLower(name)
+	return strings.HasPrefix(n, "x-sandgate-") || strings.HasPrefix(n, "x-ai-sdk-sandbox-") || n == "x-process-id"
+}
+
+// StripServiceHeaders removes every ServiceHeader from h.
+func StripServiceHeaders(h http.Header) {
+	for k := range h {
+		if ServiceHeader(k) {
+			delete(h, k)
+		}
+	}
+}
+
+// StripAnswer removes every ServiceHeader from an answer the service
+// relays from a server in a sandbox: from its header, and from its
+// trailer as announced and as it arrives after the body.
+func StripAnswer(resp *http.Response) {
+	StripServiceHeaders(resp.Header)
+	if resp.Trailer != nil {
+		StripServiceHeaders(resp.Trailer)
+		resp.Body = &trailerStripper{ReadCloser: resp.Body, resp: resp}
+	}
+}
+
+// trailerStripper strips the trailer an answer's reader fills in once the
+// body has been read whole.
+type trailerStripper struct {
+	io.ReadCloser
+	resp *http.Response
+}
+
+func (t *trailerStripper) Read(p []byte) (int, error) {
+	n, err := t.ReadCloser.Read(p)
+	if err == io.EOF {
+		StripServiceHeaders(t.resp.Trailer)
+	}
+	return n, err
+}
+
+func (t *trailerStripper) Close() error {
+	err := t.ReadCloser.Close()
+	StripServiceHeaders(t.resp.Trailer)
+	return err
+}
 
 // MaxJSONBody bounds a JSON request body (and exec's first line).
 const MaxJSONBody = 1 << 20

@@ -26,6 +26,8 @@ const (
 	whereFilePath    = "the file's path"
 	whereFileContent = "the file's content"
 	whereTar         = "the workspace tar (a file's content, an entry's name or link target, or a PAX record)"
+	whereTunnelHead  = "the tunnel's request (its line, a header or a trailer)"
+	whereTunnelBody  = "the tunnel's request body"
 )
 
 // ErrNoProcess: no process of that id in the sandbox (processes are
@@ -397,3 +399,30 @@ func (m *Manager) DialPort(ctx context.Context, id string, port int) (net.Conn, 
 	defer done()
 	return sb.DialPort(ctx, port)
 }
+
+// PortGuard is the credential guard of running sandbox id for what a port
+// tunnel carries in from a caller, as stdin goes in: the guard of the
+// sandbox's rules when the tunnel opens.
+func (m *Manager) PortGuard(id string) (PortGuard, error) {
+	sb, err := m.Sandbox(id)
+	if err != nil {
+		return PortGuard{}, err
+	}
+	return PortGuard{g: sb.relay.Transforms().Guard()}, nil
+}
+
+// PortGuard searches a request bound for a server in a sandbox (a port
+// tunnel's) for the sandbox's credentials: its line and headers whole
+// before any of it is sent, its body as it streams. A refusal is a
+// *transforms.CredentialError naming the place. The zero PortGuard finds
+// nothing.
+type PortGuard struct{ g *transforms.Guard }
+
+// Head returns a refusal when the request's line, headers or trailer (all
+// of them, as sent) hold a credential.
+func (p PortGuard) Head(head string) error { return p.g.Check(whereTunnelHead, head) }
+
+// Body returns r's bytes once they cannot be part of a credential (only
+// bytes that could begin one are held back, until what follows settles
+// it); a credential is a refusal, and none of it is returned.
+func (p PortGuard) Body(r io.Reader) io.Reader { return p.g.Reader(r, whereTunnelBody) }

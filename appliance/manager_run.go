@@ -69,7 +69,7 @@ func (m *Manager) start(ctx context.Context, b *box, rec *record, so startOption
 	}
 	switch {
 	case rec != nil && rec.legacy:
-		file, cleanup, err := m.fetchLegacy(ctx, rec.Layer)
+		file, cleanup, err := m.fetchLegacy(ctx, rec.Layer, m.l.BareImports())
 		if err != nil {
 			return fail(err)
 		}

@@ -1,7 +1,9 @@
 package appliance
 
 import (
+	"archive/tar"
 	"bytes"
+	"compress/gzip"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -142,45 +144,112 @@ func (m *Manager) dropLegacy(ctx context.Context, id string) error {
 }
 
 // fetchLegacy copies the reference service's layer of a sandbox (a
-// gzipped tar) to a temporary file, decompressed for a CLI that imports
-// bare tars only. It has no digest: a damaged one fails when unpacked, and
-// the object stays.
-func (m *Manager) fetchLegacy(ctx context.Context, key string) (string, func(), error) {
+// gzipped tar, made by tar, with no digest recorded) to a temporary file:
+// as it is stored, or decompressed when bare (for a CLI that imports bare
+// tars only). Having no digest, it is verified by its own framing as it is
+// copied: the gzip's checksum and length, and the tar read to its end. A
+// damaged one is an error (snapshot.ErrDigestMismatch) that changes
+// nothing: the object stays.
+func (m *Manager) fetchLegacy(ctx context.Context, key string, bare bool) (string, func(), error) {
 	rc, err := m.st.Get(ctx, key)
 	if err != nil {
 		return "", nil, fmt.Errorf("%w: reading %s: %v", ErrStore, key, err)
 	}
 	defer rc.Close()
 	ext := snapshot.Gzip.Ext()
-	var r io.Reader = rc
-	if m.l.BareImports() {
-		dec, err := snapshot.Decompress(rc)
-		if err != nil {
-			return "", nil, fmt.Errorf("%w: %s is not a layer tar: %v", ErrStore, key, err)
-		}
-		defer dec.Close()
-		r, ext = dec, snapshot.None.Ext()
+	if bare {
+		ext = snapshot.None.Ext()
 	}
 	file, cleanup, err := m.tempFile("legacy-*" + ext)
 	if err != nil {
 		return "", nil, err
 	}
-	if err := copyToFile(file, r); err != nil {
+	f, err := os.OpenFile(file, os.O_WRONLY|os.O_TRUNC, 0o600)
+	if err == nil {
+		err = copyLegacyLayer(f, store.AcceptUnrecorded(rc), bare)
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+	}
+	if err != nil {
 		cleanup()
+		if errors.Is(err, errLegacyFraming) {
+			return "", nil, fmt.Errorf("%w: the reference service's snapshot %s is damaged (%v); it has no digest of its own, and its gzip or tar framing is broken: nothing was changed, and it stays where it is (destroy the sandbox to remove it)", snapshot.ErrDigestMismatch, key, err)
+		}
 		return "", nil, fmt.Errorf("%w: reading %s: %v", ErrStore, key, err)
 	}
 	return file, cleanup, nil
 }
 
-// copyLegacy copies the reference service's object of a suspended sandbox
-// to dst's: dst is then such a sandbox too.
-func (m *Manager) copyLegacy(ctx context.Context, src *record, dst string) error {
-	rc, err := m.st.Get(ctx, src.Layer)
-	if err != nil {
-		return fmt.Errorf("%w: reading %s: %v", ErrStore, src.Layer, err)
+// errLegacyFraming marks a legacy layer whose gzip or tar framing is
+// broken, as opposed to a store that failed to read it.
+var errLegacyFraming = errors.New("broken framing")
+
+// copyLegacyLayer copies a gzipped tar from src to dst, as it is or
+// decompressed (bare), reading it whole as a gzip stream (its checksum and
+// length checked at its end) and as a tar (every header and every entry's
+// content, to its end).
+func copyLegacyLayer(dst io.Writer, src io.Reader, bare bool) error {
+	rd := &sourceErr{r: src} // the store's failures, told from the framing's
+	var in io.Reader = rd
+	if !bare {
+		in = io.TeeReader(rd, dst)
 	}
-	defer rc.Close()
-	if _, err := m.st.Put(ctx, legacyKey(dst), rc, store.PutOptions{IfNotExist: true}); err != nil {
+	zr, err := gzip.NewReader(in)
+	if err != nil {
+		return framingError(rd, "not a gzip stream: %v", err)
+	}
+	var tarIn io.Reader = zr
+	if bare {
+		tarIn = io.TeeReader(zr, dst)
+	}
+	tr := tar.NewReader(tarIn)
+	for {
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return framingError(rd, "its tar: %v", err)
+		}
+		if _, err := io.Copy(io.Discard, tr); err != nil {
+			return framingError(rd, "its tar, entry %q: %v", hdr.Name, err)
+		}
+	}
+	// What follows the tar's end, to the gzip stream's end (its checksum),
+	// and anything after it: the file gets the whole object.
+	if _, err := io.Copy(io.Discard, tarIn); err != nil {
+		return framingError(rd, "its gzip stream: %v", err)
+	}
+	if _, err := io.Copy(io.Discard, in); err != nil {
+		return framingError(rd, "after its gzip stream: %v", err)
+	}
+	return nil
+}
+
+// framingError is the store's own failure when reading src failed, else a
+// broken framing (errLegacyFraming).
+func framingError(src *sourceErr, format string, args ...any) error {
+	if src.err != nil {
+		return src.err
+	}
+	return fmt.Errorf("%w: %s", errLegacyFraming, fmt.Sprintf(format, args...))
+}
+
+// copyLegacy copies the reference service's object of a suspended sandbox
+// to dst's, once its framing is verified: dst is then such a sandbox too.
+func (m *Manager) copyLegacy(ctx context.Context, src *record, dst string) error {
+	file, cleanup, err := m.fetchLegacy(ctx, src.Layer, false)
+	if err != nil {
+		return err
+	}
+	defer cleanup()
+	f, err := os.Open(file)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if _, err := m.st.Put(ctx, legacyKey(dst), f, store.PutOptions{IfNotExist: true}); err != nil {
 		return fmt.Errorf("%w: copying %s: %v", ErrStore, src.Layer, err)
 	}
 	return nil

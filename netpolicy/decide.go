@@ -124,15 +124,15 @@ func (d *Decider) Decide(ctx context.Context, args DecideArgs) (Decision, error)
 			return deny(dec, CodePort, "port", fmt.Sprintf("port %d is not allowed: a route reaches port %d, or the port of one of the sandbox's own base URLs (%s:%d is none)", dec.Port, port, h, dec.Port)), nil
 		}
 	}
-	if p.mode() == DenyAll {
-		return deny(dec, CodeDenyAll, "mode:deny-all", "the deny-all policy refuses every host"), nil
-	}
 	if h.IsIP() {
 		dec = d.decideAddr(dec, p, args)
 		if dec.Allow && args.Plain {
 			dec, _ = d.plainRefused(dec)
 		}
 		return dec, nil
+	}
+	if p.mode() == DenyAll {
+		return denyAll(dec), nil
 	}
 	if why := hm.local; why != "" {
 		return deny(dec, CodeLocalName, "name:"+h.Name, fmt.Sprintf("%s is refused before any lookup: %s", h.Name, why)), nil
@@ -223,7 +223,12 @@ func (d *Decider) matchName(p Policy, name string, route bool) (rule string, cod
 func (d *Decider) decideAddr(dec Decision, p Policy, args DecideArgs) Decision {
 	a := dec.Host.Addr
 	if r, bad := d.refuse(p, a); bad {
+		// Before the deny-all policy: an address in a refused class is
+		// said so (protocol 1's words) whatever the policy.
 		return deny(dec, r.code, r.rule, r.why)
+	}
+	if p.mode() == DenyAll {
+		return denyAll(dec)
 	}
 	ua := a.Unmap()
 	if args.Route && p.hasOrigin(args.Plain, dec.Host, dec.Port) {
@@ -246,6 +251,11 @@ func (d *Decider) decideAddr(dec Decision, p Policy, args DecideArgs) Decision {
 		}
 	}
 	return deny(dec, CodeNoRule, "", fmt.Sprintf("IP-literal targets are allowed only by an allowedCIDRs rule, and none contains %s", a))
+}
+
+// denyAll is the deny-all policy's refusal.
+func denyAll(dec Decision) Decision {
+	return deny(dec, CodeDenyAll, "mode:deny-all", "the deny-all policy refuses every host")
 }
 
 type refusal struct {
@@ -320,7 +330,7 @@ func denyRefusals(dec Decision, name string, rs []refusal) Decision {
 	for i, r := range rs {
 		parts[i] = r.why
 	}
-	return deny(dec, first.code, first.rule, fmt.Sprintf("%s resolves only to refused addresses: %s", name, strings.Join(parts, "; ")))
+	return deny(dec, first.code, first.rule, fmt.Sprintf("%s is not reachable from the sandbox: %s resolves only to refused addresses: %s", list, name, strings.Join(parts, "; ")))
 }
 
 // allowed is the rules' allow of a name whose lookup failed: no address.

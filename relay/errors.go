@@ -62,10 +62,21 @@ func (e *Error) Error() string {
 func (e *Error) Unwrap() error { return e.Err }
 
 // Body is the plain text a refusal answers with: what a person at a
-// command in the sandbox reads.
+// command in the sandbox reads, "sandgate: <reason> (<code>)". Where
+// protocol 1 fixes a refusal's words, the body starts with them instead
+// (protocol1Worded).
 func (e *Error) Body() string {
+	if protocol1Worded[e.Code] {
+		return e.Error() + " (" + e.Code + ")\n"
+	}
 	return "sandgate: " + e.Error() + " (" + e.Code + ")\n"
 }
+
+// protocol1Worded are the refusals whose reasons begin with protocol 1's
+// words, which its clients' tests match at the start of the body: an
+// address a sandbox may not reach, "<address> is not reachable from the
+// sandbox" (netpolicy.CodeAddressClass).
+var protocol1Worded = map[string]bool{string(netpolicy.CodeAddressClass): true}
 
 // statusLine is the status line's status and reason phrase: the
 // standard text, then the reason, on one line of printable ASCII.

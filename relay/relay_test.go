@@ -14,6 +14,7 @@ import (
 	"net/http/httptest"
 	"net/netip"
 	"net/url"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -304,7 +305,7 @@ func TestConnectRefusals(t *testing.T) {
 		}
 		// What a command shows: the body (curl, for a route) and the
 		// status line (pip, go; curl -v), both saying sandgate refused.
-		if !strings.HasPrefix(b, "sandgate: ") || !strings.HasSuffix(b, ")\n") || !strings.Contains(resp.Status, "(sandgate: ") {
+		if !wantRefusalBody(b, resp.Header.Get("X-Sandgate-Error")) || !strings.HasSuffix(b, ")\n") || !strings.Contains(resp.Status, "(sandgate: ") {
 			t.Errorf("CONNECT %s: status %q, body %q; want both to say sandgate refused it and why", tt.target, resp.Status, b)
 		}
 	}
@@ -567,7 +568,7 @@ func TestRouteRefusals(t *testing.T) {
 			if resp.StatusCode != tt.status || !strings.Contains(b, tt.reason) || !strings.Contains(resp.Header.Get("X-Sandgate-Error"), tt.reason) {
 				t.Errorf("got %d %q (X-Sandgate-Error %q), want %d with %q", resp.StatusCode, b, resp.Header.Get("X-Sandgate-Error"), tt.status, tt.reason)
 			}
-			if !strings.HasPrefix(b, "sandgate: ") || !strings.Contains(resp.Status, "(sandgate: ") {
+			if !wantRefusalBody(b, resp.Header.Get("X-Sandgate-Error")) || !strings.Contains(resp.Status, "(sandgate: ") {
 				t.Errorf("status %q, body %q; want both to say sandgate refused it", resp.Status, b)
 			}
 		})
@@ -1106,5 +1107,45 @@ func TestPeerNamedInEvents(t *testing.T) {
 	}
 	if evs[2].PID != 0 || evs[2].Cmd != "" {
 		t.Errorf("an unknown peer is %d %q", evs[2].PID, evs[2].Cmd)
+	}
+}
+
+// wantRefusalBody says whether a refusal's body is as a command should
+// read it: "sandgate: <reason> (<code>)", or, where protocol 1 fixes the
+// words (an address the sandbox may not reach), those words first.
+func wantRefusalBody(body, reason string) bool {
+	if strings.Contains(reason, " is not reachable from the sandbox") {
+		return strings.HasPrefix(body, reason+" (address_class)")
+	}
+	return strings.HasPrefix(body, "sandgate: "+reason+" (")
+}
+
+// protocol1Refusal is what the reference client's own end-to-end test
+// matches in the body of a refused route to the metadata address.
+var protocol1Refusal = regexp.MustCompile(`^169\.254\.169\.254 is (not reachable|a private address)`)
+
+// A refused route to the metadata address answers with protocol 1's words
+// first, as the reference client's test reads them (it failed on a
+// "sandgate: " prefix), whatever the sandbox's policy, deny-all included;
+// so does any address the sandbox may not reach, literal or resolved.
+func TestAddressRefusalStartsWithProtocol1Words(t *testing.T) {
+	for _, policy := range []string{
+		`{"mode":"custom","allowedHosts":["registry.npmjs.org"]}`, `{"mode":"deny-all"}`, `{"mode":"allow-all"}`,
+	} {
+		e := newEnv(t, policy, "")
+		for _, target := range []string{"/https/169.254.169.254/computeMetadata/v1/", "/https/169.254.169.254:443/computeMetadata/v1/"} {
+			resp := e.raw("GET " + target + " HTTP/1.1\r\nHost: p\r\n\r\n")
+			if b := body(t, resp); resp.StatusCode != 403 || !protocol1Refusal.MatchString(b) {
+				t.Errorf("policy %s, GET %s: %d %q, want 403 whose body matches %s", policy, target, resp.StatusCode, b, protocol1Refusal)
+			}
+		}
+	}
+	e := newEnv(t, `{"mode":"allow-all"}`, "")
+	e.dns.Set("private.example.com", netip.MustParseAddr("10.0.0.5"))
+	for _, target := range []string{"/https/10.0.0.5/x", "/https/private.example.com/x"} {
+		resp := e.raw("GET " + target + " HTTP/1.1\r\nHost: p\r\n\r\n")
+		if b := body(t, resp); resp.StatusCode != 403 || !strings.HasPrefix(b, "10.0.0.5 is not reachable from the sandbox") {
+			t.Errorf("GET %s: %d %q, want 403 starting with protocol 1's words", target, resp.StatusCode, b)
+		}
 	}
 }

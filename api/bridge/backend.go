@@ -37,6 +37,7 @@ type Backend interface {
 	TarIn(ctx context.Context, id, dir string, r io.Reader) error
 	TarOut(ctx context.Context, id, dir string, w io.Writer) error
 	DialPort(ctx context.Context, id string, port int) (net.Conn, error)
+	PortGuard(id string) (appliance.PortGuard, error)
 }
 
 var _ Backend = (*appliance.Manager)(nil)

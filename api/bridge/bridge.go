@@ -27,6 +27,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sandgate/sandgate/api"
 	"github.com/sandgate/sandgate/appliance"
 	"github.com/sandgate/sandgate/appliance/agent"
 )
@@ -166,18 +167,49 @@ func (b *Bridge) routes() {
 func (b *Bridge) Patterns() []string { return slices.Clone(b.patterns) }
 
 // Owns reports whether a request is the bridge's: every request under
-// /v1/sandbox (singular) and /v1/pool, and GET /v1/openapi.json when it
-// carries the bridge's key (the same document is served to protocol 1's
-// callers by the rest of the service).
+// /v1/sandbox (singular) and /v1/pool; with a key configured, GET
+// /v1/openapi.json when it carries the key (the same document is served to
+// protocol 1's callers by the rest of the service), and any request that
+// presents a bridge key that is wrong, on any route, so that it gets the
+// bridge's 401 rather than what the rest of the service would answer
+// without one (a bridge client's preflight must not pass with a wrong
+// key).
 func (b *Bridge) Owns(r *http.Request) bool {
-	p := r.URL.Path
 	switch {
-	case p == "/v1/sandbox", strings.HasPrefix(p, "/v1/sandbox/"), p == "/v1/pool", strings.HasPrefix(p, "/v1/pool/"):
+	case bridgePath(r.URL.Path):
 		return true
-	case p == "/v1/openapi.json":
-		return b.cfg.Key != "" && b.authorize(r) == nil
+	case b.cfg.Key == "" || !presentsKey(r):
+		return false
 	}
-	return false
+	return r.URL.Path == "/v1/openapi.json" || b.authorize(r) != nil
+}
+
+// bridgePath says whether p is under the bridge's own routes: /v1/sandbox
+// (singular) and /v1/pool.
+func bridgePath(p string) bool {
+	return p == "/v1/sandbox" || strings.HasPrefix(p, "/v1/sandbox/") || p == "/v1/pool" || strings.HasPrefix(p, "/v1/pool/")
+}
+
+// presentsKey says whether r presents a bridge key, right or wrong: an
+// Authorization header with the Bearer scheme whose token is not an
+// identity token (a JWT, which Cloud Run's IAM checks and protocol 1's
+// clients send on every call), an Authorization header sent twice, or
+// ?token= on /v1/openapi.json.
+func presentsKey(r *http.Request) bool {
+	switch v := r.Header.Values("Authorization"); {
+	case len(v) > 1:
+		return true
+	case len(v) == 1:
+		scheme, token, _ := strings.Cut(v[0], " ")
+		return strings.EqualFold(scheme, "bearer") && !isJWT(token)
+	}
+	return r.URL.Path == "/v1/openapi.json" && r.URL.Query().Has("token")
+}
+
+// isJWT says whether a token has a JWT's shape: three base64url parts, the
+// first a JSON object's encoding.
+func isJWT(token string) bool {
+	return strings.HasPrefix(token, "eyJ") && strings.Count(token, ".") == 2
 }
 
 // Front is the service with the bridge before it: requests the bridge
@@ -185,6 +217,9 @@ func (b *Bridge) Owns(r *http.Request) bool {
 func (b *Bridge) Front(rest http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if b.Owns(r) {
+			if !bridgePath(r.URL.Path) {
+				w.Header().Set(api.HeaderProtocol, "1") // protocol 1's route: its answers say so
+			}
 			b.ServeHTTP(w, r)
 			return
 		}
@@ -195,8 +230,7 @@ func (b *Bridge) Front(rest http.Handler) http.Handler {
 // ServeHTTP checks the key, then routes. No route is 404 (405 with Allow
 // for another method), in the contract's error shape.
 func (b *Bridge) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if err := b.authorize(r); err != nil {
-		writeError(w, err, poolFailure)
+	if !b.Authorize(w, r) {
 		return
 	}
 	if _, pattern := b.mux.Handler(r); pattern == "" {
@@ -218,6 +252,18 @@ func (b *Bridge) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	b.mux.ServeHTTP(w, r)
+}
+
+// Authorize checks r's key and reports whether it may go on; when not, it
+// has answered the contract's 401. The forwarding front asks it before
+// sending a request the bridge Owns to another shard with this shard's
+// own credentials.
+func (b *Bridge) Authorize(w http.ResponseWriter, r *http.Request) bool {
+	if err := b.authorize(r); err != nil {
+		writeError(w, err, poolFailure)
+		return false
+	}
+	return true
 }
 
 // authorize checks the key: Authorization: Bearer <key> (the scheme in any

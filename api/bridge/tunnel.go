@@ -9,13 +9,17 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/http/httputil"
+	"net/textproto"
 	"net/url"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/sandgate/sandgate/api"
 	"github.com/sandgate/sandgate/appliance"
+	"github.com/sandgate/sandgate/transforms"
 )
 
 // Tunnel is the contract's answer to POST …/tunnel/{port}. sandgate's
@@ -147,6 +151,10 @@ func (b *Bridge) tunnel(w http.ResponseWriter, r *http.Request) error {
 			target = u
 		}
 	}
+	g, err := b.b.PortGuard(id)
+	if err != nil {
+		return err
+	}
 	var failed error
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
@@ -158,13 +166,17 @@ func (b *Bridge) tunnel(w http.ResponseWriter, r *http.Request) error {
 				pr.Out.Header.Del(h)
 			}
 		},
-		Transport: &http.Transport{
+		Transport: &guardedTransport{g: g, next: &http.Transport{
 			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 				ctx, cancel := context.WithTimeout(ctx, tunnelDialWait)
 				defer cancel()
 				return b.b.DialPort(ctx, id, port)
 			},
 			DisableKeepAlives: true,
+		}},
+		ModifyResponse: func(resp *http.Response) error {
+			api.StripAnswer(resp)
+			return nil
 		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			failed = err
@@ -172,11 +184,64 @@ func (b *Bridge) tunnel(w http.ResponseWriter, r *http.Request) error {
 		ErrorLog: slog.NewLogLogger(b.log.Handler(), slog.LevelDebug),
 	}
 	rp.ServeHTTP(w, r)
-	if failed != nil {
-		if r.Context().Err() != nil {
-			return nil
-		}
-		return fmt.Errorf("port %d of the sandbox: %w", port, failed)
+	var refused *transforms.CredentialError
+	switch {
+	case failed == nil:
+		return nil
+	case errors.As(failed, &refused):
+		return refused // its message starts with the phrase a client looks for
+	case r.Context().Err() != nil:
+		return nil
 	}
-	return nil
+	return fmt.Errorf("port %d of the sandbox: %w", port, failed)
+}
+
+// guardedTransport carries a tunnel's request into the sandbox through
+// its credential guard: the request line and headers (as they leave, the
+// caller's credentials stripped) are searched before anything is dialled,
+// the body as it streams. After an upgrade the bytes are the connection's
+// own (a WebSocket client masks them) and are not searched. Informational
+// answers (1xx) lose the service's headers as the final answer does.
+type guardedTransport struct {
+	g    appliance.PortGuard
+	next http.RoundTripper
+}
+
+func (t *guardedTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	if err := t.g.Head(requestHead(req)); err != nil {
+		if req.Body != nil {
+			req.Body.Close()
+		}
+		return nil, err
+	}
+	// Hooks of the innermost trace run first: the proxy's own, which
+	// copies a 1xx's headers to the caller, sees them stripped.
+	out := req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
+		Got1xxResponse: func(_ int, h textproto.MIMEHeader) error {
+			api.StripServiceHeaders(http.Header(h))
+			return nil
+		},
+	}))
+	if req.Body != nil && req.Body != http.NoBody {
+		out.Body = guardedBody{Reader: t.g.Body(req.Body), Closer: req.Body}
+	}
+	return t.next.RoundTrip(out)
+}
+
+// guardedBody is a request body read through the guard, closed as itself.
+type guardedBody struct {
+	io.Reader
+	io.Closer
+}
+
+// requestHead is what of req the server in the sandbox reads before its
+// body: the request line, Host, and every header, one line each.
+func requestHead(req *http.Request) string {
+	var b strings.Builder
+	b.WriteString(req.Method + " " + req.URL.RequestURI() + "\nHost: " + req.Host + "\n")
+	req.Header.Write(&b)
+	for _, te := range req.TransferEncoding {
+		b.WriteString(te + "\n")
+	}
+	return b.String()
 }

@@ -283,9 +283,15 @@ func (c *Client) target(id string) *shard {
 	return best
 }
 
-// learn notes the owner a shard named for sandbox id (HeaderOwner): its
-// next calls go there. An owner not among the shards given joins them.
-func (c *Client) learn(id string, resp *http.Response) {
+// learn notes the owner a shard named for the sandbox of call cl
+// (HeaderOwner): its next calls go there. An owner not among the shards
+// given joins them. Never from a tunnel's answer (the port tunnel, the TCP
+// bridge): a server in the sandbox writes that one.
+func (c *Client) learn(cl call, resp *http.Response) {
+	if cl.route == routePorts || cl.route == routeTCP {
+		return
+	}
+	id := cl.sandboxOf()
 	owner := resp.Header.Get(api.HeaderOwner)
 	if id == "" || owner == "" || owner == c.primary.base.String() && c.target(id) == c.primary {
 		return
@@ -429,7 +435,7 @@ func (c *Client) do(ctx context.Context, cl call) (*http.Response, error) {
 			drain(resp)
 			return nil, &ProtocolError{Request: cl.String(), Client: protocolVersion, Service: strings.Join(v, ",")}
 		}
-		c.learn(cl.sandboxOf(), resp)
+		c.learn(cl, resp)
 		if cl.accepts(resp.StatusCode) {
 			return resp, nil
 		}

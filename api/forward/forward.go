@@ -10,6 +10,11 @@
 // a shard that has. A forwarded request carries HeaderForwarded and is
 // never forwarded again. Every answer about a sandbox says which shard
 // served it (HeaderOwner).
+//
+// The store says where a shard is, and whoever can write the store can say
+// anything: a request goes only to a peer among Config.Peers, only for a
+// caller the service here would serve (Config.Authenticate), and carries
+// this shard's own credentials (Config.Credentials), never the client's.
 package forward
 
 import (
@@ -56,10 +61,21 @@ type Config struct {
 	Locator Locator
 	// Next serves what is served here: the HTTP service.
 	Next http.Handler
-	// Auth, when set, gives a forwarded request this shard's credentials
-	// for the peer at peerURL (on Cloud Run, an identity token for it);
-	// the client's own service token travels as it came.
-	Auth func(ctx context.Context, req *http.Request, peerURL string) error
+	// Peers are the shards a request may be forwarded to; the zero value
+	// admits loopback peers only. A sandbox whose owner is not among them
+	// is answered 502, naming the owner and the fix; a create or a
+	// resume that needs room goes to none of them.
+	Peers Peers
+	// Authenticate, when set, answers a request whose caller the service
+	// here would refuse (a missing or wrong service token or bridge key),
+	// as it would, and reports whether it may go on: nothing is forwarded
+	// for a caller this shard would not serve itself.
+	Authenticate func(w http.ResponseWriter, r *http.Request) bool
+	// Credentials, when set, gives a forwarded request this shard's own
+	// credentials for the peer at peerURL: its service token, its bridge
+	// key, on Cloud Run an identity token for the peer. The client's are
+	// removed first (clientCredentials) and never travel.
+	Credentials func(ctx context.Context, req *http.Request, peerURL string) error
 	// CacheFor is how long a sandbox's owner is remembered (default 1s):
 	// owners change only when a shard stops or dies.
 	CacheFor time.Duration
@@ -107,14 +123,8 @@ func New(cfg Config) *Front {
 			peer := pr.In.Context().Value(peerKey{}).(*url.URL)
 			pr.SetURL(peer)
 			pr.Out.Host = peer.Host
-			pr.Out.Header.Set(HeaderForwarded, f.id)
-			// The client's identity at the front (Cloud Run's IAM) is not
-			// for the peer; Auth gives this shard's own.
-			pr.Out.Header.Del("Authorization")
-			if f.cfg.Auth != nil {
-				if err := f.cfg.Auth(pr.Out.Context(), pr.Out, peer.String()); err != nil {
-					f.log.Warn("forwarding: no credentials for the peer", "peer", peer.String(), "err", err)
-				}
+			if err := f.credentials(pr.Out, peer); err != nil {
+				f.log.Warn("forwarding: no credentials for the peer", "peer", peer.String(), "err", err)
 			}
 		},
 		// A sandbox suspended or destroyed there is nobody's: its next
@@ -181,9 +191,11 @@ func (f *Front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if local && err == nil && !f.cfg.Locator.Runs(id) {
 		// Nobody runs it (suspended, or unknown): it is resumed where it
 		// is asked while this shard has room, else where there is.
-		if others, room := f.cfg.Locator.Place(r.Context()); !room && len(others) > 0 {
-			f.forward(w, r, others[0])
-			return
+		if others, room := f.cfg.Locator.Place(r.Context()); !room {
+			if others = f.proven(others); len(others) > 0 {
+				f.forward(w, r, others[0])
+				return
+			}
 		}
 	}
 	if local || err != nil {
@@ -191,6 +203,57 @@ func (f *Front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	f.forward(w, r, shard)
+}
+
+// clientCredentials are the headers a client authenticates with: none of
+// them goes to another shard (a wrong one is the client's secret, a right
+// one is this shard's to send).
+var clientCredentials = []string{"Authorization", "Proxy-Authorization", "X-Serverless-Authorization", api.HeaderToken}
+
+// credentials makes out, a request bound for peer, carry this shard's
+// credentials instead of the client's, and the forwarding mark.
+func (f *Front) credentials(out *http.Request, peer *url.URL) error {
+	for _, h := range clientCredentials {
+		out.Header.Del(h)
+	}
+	out.Header.Set(HeaderForwarded, f.id)
+	if f.cfg.Credentials == nil {
+		return nil
+	}
+	return f.cfg.Credentials(out.Context(), out, peer.String())
+}
+
+// authenticated says whether r's caller may have r forwarded; when not,
+// Authenticate has answered.
+func (f *Front) authenticated(w http.ResponseWriter, r *http.Request) bool {
+	return f.cfg.Authenticate == nil || f.cfg.Authenticate(w, r)
+}
+
+// proven are the shards of ss a request may go to (Peers); each other one
+// is logged, once per call.
+func (f *Front) proven(ss []cluster.Shard) []cluster.Shard {
+	var out []cluster.Shard
+	for _, s := range ss {
+		if _, err := f.peer(s); err != nil {
+			f.log.Warn("a shard with room is not among this shard's peers: nothing goes there", "shard", s.ID, "err", err)
+			continue
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+// peer is shard's URL when requests may go there: well formed, and among
+// Peers.
+func (f *Front) peer(shard cluster.Shard) (*url.URL, error) {
+	peer, err := url.Parse(shard.URL)
+	if err != nil || (peer.Scheme != "http" && peer.Scheme != "https") || peer.Host == "" {
+		return nil, fmt.Errorf("shard %s at %q: not an http(s)://host[:port] URL", shard.ID, shard.URL)
+	}
+	if err := f.cfg.Peers.Allow(peer); err != nil {
+		return nil, fmt.Errorf("shard %s at %s: %w", shard.ID, peer.Redacted(), err)
+	}
+	return peer, nil
 }
 
 // local serves r here, saying so.
@@ -207,8 +270,14 @@ func (f *Front) local(w http.ResponseWriter, r *http.Request) {
 // anywhere, the service here answers 503.
 func (f *Front) create(w http.ResponseWriter, r *http.Request) {
 	others, local := f.cfg.Locator.Place(r.Context())
+	if !local {
+		others = f.proven(others)
+	}
 	if local || len(others) == 0 {
 		f.local(w, r)
+		return
+	}
+	if !f.authenticated(w, r) {
 		return
 	}
 	body, err := io.ReadAll(io.LimitReader(r.Body, maxCreateBody+1))
@@ -217,7 +286,11 @@ func (f *Front) create(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	for _, s := range others {
-		resp, err := f.send(r, s, body)
+		peer, err := f.peer(s)
+		if err != nil {
+			continue // proven above; a URL does not change
+		}
+		resp, err := f.send(r, peer, body)
 		if err != nil {
 			f.log.Warn("forwarding a create to a shard with room failed; trying the next", "shard", s.ID, "err", err)
 			continue
@@ -241,22 +314,14 @@ func (f *Front) create(w http.ResponseWriter, r *http.Request) {
 // maxCreateBody bounds a create's body, which a forwarded create buffers.
 const maxCreateBody = 1 << 20
 
-// send sends a copy of r, with body, to shard s.
-func (f *Front) send(r *http.Request, s cluster.Shard, body []byte) (*http.Response, error) {
-	peer, err := url.Parse(s.URL)
-	if err != nil {
-		return nil, err
-	}
+// send sends a copy of r, with body, to peer.
+func (f *Front) send(r *http.Request, peer *url.URL, body []byte) (*http.Response, error) {
 	out := r.Clone(r.Context())
 	out.RequestURI = ""
 	out.URL.Scheme, out.URL.Host, out.Host = peer.Scheme, peer.Host, peer.Host
 	out.Body, out.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
-	out.Header.Set(HeaderForwarded, f.id)
-	out.Header.Del("Authorization")
-	if f.cfg.Auth != nil {
-		if err := f.cfg.Auth(out.Context(), out, peer.String()); err != nil {
-			return nil, err
-		}
+	if err := f.credentials(out, peer); err != nil {
+		return nil, err
 	}
 	return f.hc.Do(out)
 }
@@ -295,11 +360,17 @@ func (f *Front) forget(id string) {
 	f.mu.Unlock()
 }
 
-// forward sends r to shard.
+// forward sends r to shard, for a caller the service here would serve, if
+// the shard is among Peers.
 func (f *Front) forward(w http.ResponseWriter, r *http.Request, shard cluster.Shard) {
-	peer, err := url.Parse(shard.URL)
-	if err != nil || (peer.Scheme != "http" && peer.Scheme != "https") || peer.Host == "" {
-		writeError(w, http.StatusInternalServerError, fmt.Sprintf("shard %s has URL %q: want http(s)://host[:port]", shard.ID, shard.URL))
+	if !f.authenticated(w, r) {
+		return
+	}
+	peer, err := f.peer(shard)
+	if err != nil {
+		f.forget(sandboxOf(r))
+		f.log.Warn("not forwarding: the shard that runs the sandbox is not a proven peer", "sandbox", sandboxOf(r), "err", err)
+		writeError(w, http.StatusBadGateway, fmt.Sprintf("sandbox %s runs on %v: no request goes there. If it is a shard of this service, add its URL to SANDGATE_SHARD_PEERS on every shard; if it is not, something wrote its heartbeat and lease into the store (the lease holds until that heartbeat expires)", sandboxOf(r), err))
 		return
 	}
 	// Streams in both directions (exec's stdin beside its output).

@@ -53,6 +53,9 @@ type fileBackend interface {
 	TarIn(ctx context.Context, id, dir string, r io.Reader) error
 	TarOut(ctx context.Context, id, dir string, w io.Writer) error
 	DialPort(ctx context.Context, id string, port int) (net.Conn, error)
+	// PortGuard is the sandbox's credential guard for what the port
+	// tunnel carries in.
+	PortGuard(id string) (appliance.PortGuard, error)
 }
 
 // egressBackend: where a sandbox may go, with which credentials and

@@ -308,6 +308,15 @@ func (f *fakeBackend) DialPort(ctx context.Context, id string, port int) (net.Co
 	return d.DialContext(ctx, "tcp", fmt.Sprintf("127.0.0.1:%d", port))
 }
 
+// PortGuard finds nothing: route tests hold no credential in a tunnel;
+// the real guard is tested with the real manager (api/service).
+func (f *fakeBackend) PortGuard(id string) (appliance.PortGuard, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	_, err := f.box(id, true)
+	return appliance.PortGuard{}, err
+}
+
 func (f *fakeBackend) SetNetwork(ctx context.Context, id string, spec appliance.NetworkSpec) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()

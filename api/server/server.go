@@ -186,18 +186,10 @@ func (s *Server) Patterns() []string { return append([]string(nil), s.patterns..
 // tunnel, and routes the rest.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set(api.HeaderProtocol, "1")
-	tunnel := r.Header.Get("Upgrade") != "" && !isWebSocketRoute(r.URL.Path)
-	if r.URL.Path != "/health" || tunnel { // a tunnel has no /health exemption
-		if err := s.check(r); err != nil {
-			if tunnel {
-				rawStatus(w, status(err))
-				return
-			}
-			writeError(w, err)
-			return
-		}
+	if !s.Authorize(w, r) {
+		return
 	}
-	if tunnel {
+	if isTunnel(r) {
 		s.tunnel(w, r)
 		return
 	}
@@ -229,6 +221,34 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.mux.ServeHTTP(w, r)
+}
+
+// isTunnel says whether r is for protocol 1's port tunnel: any request
+// with Upgrade but to sandgate's own WebSocket routes.
+func isTunnel(r *http.Request) bool {
+	return r.Header.Get("Upgrade") != "" && !isWebSocketRoute(r.URL.Path)
+}
+
+// Authorize applies protocol 1's checks to r (check; /health is exempt,
+// but not for a tunnel) and reports whether it may go on; when not, it
+// has answered, as ServeHTTP does (on the raw connection for a tunnel).
+// The forwarding front asks it before sending a request to another shard
+// with this shard's own credentials.
+func (s *Server) Authorize(w http.ResponseWriter, r *http.Request) bool {
+	tunnel := isTunnel(r)
+	if r.URL.Path == "/health" && !tunnel {
+		return true
+	}
+	if err := s.check(r); err != nil {
+		if tunnel {
+			rawStatus(w, status(err))
+		} else {
+			w.Header().Set(api.HeaderProtocol, "1")
+			writeError(w, err)
+		}
+		return false
+	}
+	return true
 }
 
 // check is protocol 1's two checks, in order: the protocol header (absent

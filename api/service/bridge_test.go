@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/sandgate/sandgate/api/bridge"
+	"github.com/sandgate/sandgate/api/server"
 	"github.com/sandgate/sandgate/internal/testkit/stacktest"
 )
 
@@ -328,5 +329,49 @@ func TestBridgeClosedWithoutKey(t *testing.T) {
 	}
 	if n, _ := r.m.List(t.Context()); len(n) != 0 {
 		t.Errorf("sandboxes were made: %v", n)
+	}
+}
+
+// With the bridge's key set, a request that presents a bridge key that is
+// wrong gets the bridge's 401 on every route, protocol 1's and sandgate's
+// included: it never falls through to what they answer without a key (on
+// loopback without a service token, everything), so a bridge client's
+// preflight cannot pass with a wrong key. An identity token (a JWT, which
+// protocol 1's clients send for Cloud Run's IAM) is no bridge key, and the
+// right key or none reaches the rest as before.
+func TestWrongBridgeKeyIsRefusedOnEveryRoute(t *testing.T) {
+	r := newRigOn(t, stacktest.Config{Bridge: bridge.Config{Key: bridgeKey}}, func(c *server.Config) { c.Token, c.LocalOnly = "", true })
+	call := func(method, target, auth string) (int, string) {
+		if auth == "" {
+			return r.send(method, target, strings.NewReader(`{}`))
+		}
+		return r.send(method, target, strings.NewReader(`{}`), "Authorization", auth)
+	}
+	for _, tc := range []struct{ method, target, auth string }{
+		{"GET", "/v1/openapi.json", "Bearer wrong-key-0123456789abcdef"},
+		{"GET", "/v1/openapi.json", "bearer " + bridgeKey + "x"},
+		{"GET", "/v1/openapi.json?token=wrong-key-0123456789abcdef", ""},
+		{"GET", "/v1/sandboxes", "Bearer wrong-key-0123456789abcdef"},
+		{"POST", "/v1/sandboxes", "Bearer wrong-key-0123456789abcdef"},
+		{"GET", "/health", "Bearer wrong-key-0123456789abcdef"},
+		{"GET", "/v1/no/such/route", "Bearer wrong-key-0123456789abcdef"},
+	} {
+		code, out := call(tc.method, tc.target, tc.auth)
+		var e bridge.ErrorBody
+		if code != http.StatusUnauthorized || json.Unmarshal([]byte(out), &e) != nil || e.Code != "unauthorized" || !strings.HasPrefix(e.Error, "Unauthorized") {
+			t.Errorf("%s %s with %q: %d %.200s, want the bridge's 401", tc.method, tc.target, tc.auth, code, out)
+		}
+	}
+	for _, tc := range []struct{ target, auth string }{
+		{"/v1/openapi.json", "Bearer " + bridgeKey},
+		{"/v1/openapi.json?token=" + bridgeKey, ""},
+		{"/v1/openapi.json", ""},
+		{"/v1/openapi.json", "Bearer eyJhbGciOiJSUzI1NiJ9.eyJhdWQiOiJ4In0.c2ln"},
+		{"/v1/sandboxes", "Bearer " + bridgeKey},
+		{"/health", ""},
+	} {
+		if code, out := call("GET", tc.target, tc.auth); code != 200 {
+			t.Errorf("GET %s with %q: %d %.200s, want 200", tc.target, tc.auth, code, out)
+		}
 	}
 }

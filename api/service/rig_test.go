@@ -144,6 +144,27 @@ func (r *rig) do(method, path string, body any) (int, string, *http.Response) {
 	return resp.StatusCode, string(out), resp
 }
 
+// send sends a request with only the headers given (name, value pairs)
+// and returns its status and body (none for a 101: the connection is then
+// the server's, raw).
+func (r *rig) send(method, path string, body io.Reader, hdr ...string) (int, string) {
+	r.t.Helper()
+	req, _ := http.NewRequest(method, r.hs.URL+path, body)
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	resp, err := (&http.Client{Timeout: 2 * time.Minute}).Do(req)
+	if err != nil {
+		r.t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusSwitchingProtocols {
+		return resp.StatusCode, ""
+	}
+	out, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(out)
+}
+
 // must is do, failing unless the status is want.
 func (r *rig) must(want int, method, path string, body any) string {
 	r.t.Helper()

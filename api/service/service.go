@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/sandgate/sandgate/api"
 	"github.com/sandgate/sandgate/api/bridge"
 	"github.com/sandgate/sandgate/api/console"
 	"github.com/sandgate/sandgate/api/forward"
@@ -79,9 +80,15 @@ type Config struct {
 	// Server configures the HTTP service; its Backend, Metrics, Logger and
 	// OpenAPI are the service's.
 	Server server.Config
+	// Peers are the shards a request may be forwarded to
+	// (SANDGATE_SHARD_PEERS); the zero value admits loopback peers only.
+	// A forwarded request carries this shard's own credentials (Server's
+	// Token; for the bridge's routes, Bridge's Key), never the client's.
+	Peers forward.Peers
 	// PeerAuth, when set, gives a request forwarded to another shard
-	// this one's credentials for it (on Cloud Run, an identity token for
-	// the peer's URL). The shards themselves are Manager.Shard.
+	// this one's identity for it (on Cloud Run, an identity token for the
+	// peer's URL, in X-Serverless-Authorization, since Authorization may
+	// carry the bridge's key). The shards themselves are Manager.Shard.
 	PeerAuth func(ctx context.Context, req *http.Request, peerURL string) error
 	// Bridge configures the Cloudflare sandbox bridge's routes
 	// (/v1/sandbox/..., /v1/pool/...): its Key (SANDBOX_API_KEY; without
@@ -211,7 +218,27 @@ func New(ctx context.Context, cfg Config) (_ *Service, err error) {
 	if s.Bridge, err = bridge.New(bc); err != nil {
 		return nil, fmt.Errorf("%w: %v", appliance.ErrBadInput, err)
 	}
-	s.Front = forward.New(forward.Config{Locator: s.Manager, Next: s.Bridge.Front(s.Server), Auth: cfg.PeerAuth, Logger: s.log})
+	s.Front = forward.New(forward.Config{
+		Locator: s.Manager, Next: s.Bridge.Front(s.Server), Peers: cfg.Peers, Logger: s.log,
+		Authenticate: func(w http.ResponseWriter, r *http.Request) bool {
+			if s.Bridge.Owns(r) {
+				return s.Bridge.Authorize(w, r)
+			}
+			return s.Server.Authorize(w, r)
+		},
+		Credentials: func(ctx context.Context, req *http.Request, peer string) error {
+			if sc.Token != "" {
+				req.Header.Set(api.HeaderToken, sc.Token)
+			}
+			if bc.Key != "" && s.Bridge.Owns(req) {
+				req.Header.Set("Authorization", "Bearer "+bc.Key)
+			}
+			if cfg.PeerAuth != nil {
+				return cfg.PeerAuth(ctx, req, peer)
+			}
+			return nil
+		},
+	})
 	s.handler = s.Front
 	if !cfg.NoConsole {
 		// The console reads through the manager of this shard; a sandbox

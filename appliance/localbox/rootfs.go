@@ -165,6 +165,15 @@ func prepareRoot(dir string, cfg *Config, masks []mask, idBase int) (rootFD int,
 			return -1, err
 		}
 	}
+	// The overlays are mounted from the scaffold, by paths relative to it:
+	// mountinfo shows an overlay's options as they were given, and none of
+	// the host's paths (the state directory's, a template's image, the
+	// rootfs) is then among them. Every layer is attached in the scaffold
+	// first (layer). This thread's working directory is its own (it
+	// unshared its mount namespace), and every other path here is absolute.
+	if err := unix.Chdir(scaffold); err != nil {
+		return -1, fmt.Errorf("scaffold: %w", err)
+	}
 	uid := hostID(idBase, 0)
 	userns := -1
 	if idBase != 0 {
@@ -186,25 +195,27 @@ func prepareRoot(dir string, cfg *Config, masks []mask, idBase int) (rootFD int,
 			return -1, err
 		}
 	}
-	// layer returns the path an overlay takes layer path at: the path
-	// itself, or an idmapped copy of it attached under mnt.
+	// layer attaches a copy of the mount of layer path (idmapped, where
+	// the sandbox has a user namespace) under mnt, and returns where an
+	// overlay takes it: mnt/<n>, relative to the scaffold.
 	n := 0
 	layer := func(path string) (string, error) {
+		var fd int
 		if userns < 0 {
-			return path, nil
-		}
-		fd, err := idmapped(path, userns)
-		if err != nil {
+			if fd, err = unix.OpenTree(unix.AT_FDCWD, path, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC); err != nil {
+				return "", fmt.Errorf("a layer's mount, %s: open_tree: %w", path, err)
+			}
+		} else if fd, err = idmapped(path, userns); err != nil {
 			return "", &usernsError{err}
 		}
 		defer unix.Close(fd)
 		n++
-		at := filepath.Join(mnt, strconv.Itoa(n))
-		if err := os.Mkdir(at, 0o700); err != nil {
+		at := filepath.Join("mnt", strconv.Itoa(n))
+		if err := os.Mkdir(filepath.Join(scaffold, at), 0o700); err != nil {
 			return "", err
 		}
-		if err := unix.MoveMount(fd, "", unix.AT_FDCWD, at, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
-			return "", fmt.Errorf("attach the idmapped mount of %s: %w", path, err)
+		if err := unix.MoveMount(fd, "", unix.AT_FDCWD, filepath.Join(scaffold, at), unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+			return "", fmt.Errorf("attach the mount of %s: %w", path, err)
 		}
 		return at, nil
 	}
@@ -214,7 +225,7 @@ func prepareRoot(dir string, cfg *Config, masks []mask, idBase int) (rootFD int,
 		if err := buildBase(base, cfg.ID, uid, uid, cfg.TrustCA); err != nil {
 			return -1, fmt.Errorf("the default image: %w", err)
 		}
-		image = base
+		image = "base" // the scaffold's, relative to it
 		subdirs = imageDirs()
 		// Each host directory of the image is an overlay of its own, whose
 		// upper is the same directory of the sandbox's upper, so that its
@@ -250,7 +261,7 @@ func prepareRoot(dir string, cfg *Config, masks []mask, idBase int) (rootFD int,
 	if err != nil {
 		return -1, err
 	}
-	lower := escapeOverlay(top)
+	lower := "top" // the scaffold's, relative to it
 	var tmpl string
 	if cfg.Template != "" {
 		tmplRoot := templateLower(filepath.Dir(dir), cfg.Template)

@@ -19,6 +19,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/sandgate/sandgate/api/bridge"
+	"github.com/sandgate/sandgate/api/forward"
 	"github.com/sandgate/sandgate/api/server"
 	"github.com/sandgate/sandgate/api/service"
 	"github.com/sandgate/sandgate/appliance"
@@ -392,6 +393,10 @@ func runServe(c *cli.Context) error {
 		return err
 	}
 	shard.Lock = lockName // a restart after a crash need not wait for the dead process's heartbeat
+	peers, err := forward.ParsePeers(splitAll([]string{c.String("shard-peers")}))
+	if err != nil {
+		return badInput("SANDGATE_SHARD_PEERS (--shard-peers) %v", err)
+	}
 	checkpoints := c.Duration("checkpoint-interval")
 	if checkpoints == 0 {
 		checkpoints = -1
@@ -406,7 +411,7 @@ func runServe(c *cli.Context) error {
 			OutputBudget: sc.outputBudget, Limits: sc.limits,
 			Shard: shard, CheckpointInterval: checkpoints,
 		},
-		PeerAuth: peerAuth(sc.cloudRun, logger), NoConsole: !c.Bool("console"),
+		Peers: peers, PeerAuth: peerAuth(sc.cloudRun, logger), NoConsole: !c.Bool("console"),
 		Server: server.Config{
 			Token: c.String("token"), LocalOnly: loopback && c.String("token") == "", LocalHosts: splitAll([]string{c.String("local-hostnames")}),
 			Version: serveVersion(), Home: c.String("home"), WorkDir: c.String("workdir"), Path: c.String("path"),
@@ -443,7 +448,7 @@ func runServe(c *cli.Context) error {
 	shardID, shardURL := svc.Manager.Shard()
 	logger.Info("sandgate serving", "addr", ln.Addr().String(), "cli", svc.Launcher.String(), "store", storeName(c), "image_id", sc.imageID,
 		"template_namespace", svc.Manager.Namespace(), "cloud_run", sc.cloudRun, "token", c.String("token") != "",
-		"shard", shardID, "shard_url", shardURL, "cloudflare_bridge", c.String("bridge-key") != "")
+		"shard", shardID, "shard_url", shardURL, "shard_peers", peers.String(), "cloudflare_bridge", c.String("bridge-key") != "")
 	if svc.Console != nil {
 		logger.Info("the web console is served at /ui, under the API's auth (README: Console)", "url", "http://"+ln.Addr().String()+"/ui")
 	}

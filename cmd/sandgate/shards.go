@@ -24,6 +24,7 @@ import (
 func shardFlags() []cli.Flag {
 	return []cli.Flag{
 		&cli.StringFlag{Name: "shard-id", Usage: "this service's shard `ID` among those sharing the store (default: $K_SERVICE on Cloud Run, else the host name)", EnvVars: []string{"SANDGATE_SHARD_ID"}},
+		&cli.StringFlag{Name: "shard-peers", Usage: "forward requests, and this shard's credentials, only to the shards at these `ORIGINS` (http(s)://host[:port], comma-separated; a host may begin with *. for one label); unset: loopback shards only", EnvVars: []string{"SANDGATE_SHARD_PEERS"}},
 		&cli.StringFlag{Name: "shard-url", Usage: "the `URL` the other shards reach this one at (default on Cloud Run: the service's own; required elsewhere when shards share the store)", EnvVars: []string{"SANDGATE_SHARD_URL"}},
 		&cli.DurationFlag{Name: "lease-time", Value: cluster.DefaultLeaseTime, Usage: "a shard's leases hold this `DURATION` past its last heartbeat; another shard takes its sandboxes after", EnvVars: []string{"SANDGATE_LEASE_TIME"}},
 		&cli.DurationFlag{Name: "lease-renew", Value: cluster.DefaultRenew, Usage: "renew the heartbeat every `DURATION` (at most a third of --lease-time)", EnvVars: []string{"SANDGATE_LEASE_RENEW"}},
@@ -87,8 +88,10 @@ func cloudRunURL(ctx context.Context) (string, error) {
 
 // peerAuth gives a request forwarded to another shard on Cloud Run an
 // identity token for that shard's URL (its IAM lets only invokers in;
-// the shards' service account is one of each other's). Elsewhere nothing:
-// the client's service token travels with the request.
+// the shards' service account is one of each other's), in
+// X-Serverless-Authorization, which Cloud Run's IAM reads before
+// Authorization (where a bridge request carries the bridge's key).
+// Elsewhere nothing: the shard's service token is credential enough.
 func peerAuth(cloudRun bool, logger *slog.Logger) func(ctx context.Context, req *http.Request, peer string) error {
 	if !cloudRun {
 		return nil
@@ -113,7 +116,7 @@ func peerAuth(cloudRun bool, logger *slog.Logger) func(ctx context.Context, req 
 		if err != nil {
 			return fmt.Errorf("an identity token for %s: %w", peer, err)
 		}
-		req.Header.Set("Authorization", "Bearer "+tok.AccessToken)
+		req.Header.Set("X-Serverless-Authorization", "Bearer "+tok.AccessToken)
 		return nil
 	}
 }

@@ -20,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandgate/sandgate/api/forward"
 	"github.com/sandgate/sandgate/appliance/sandboxcli"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -31,7 +32,7 @@ import (
 // contractEnv are the shard settings serve reads (issue 22's contract):
 // the StatefulSet sets each of them.
 var contractEnv = []string{
-	"SANDGATE_SHARD_ID", "SANDGATE_SHARD_URL",
+	"SANDGATE_SHARD_ID", "SANDGATE_SHARD_URL", "SANDGATE_SHARD_PEERS",
 	"SANDGATE_LEASE_TIME", "SANDGATE_LEASE_RENEW", "SANDGATE_CHECKPOINT_INTERVAL",
 }
 
@@ -498,6 +499,24 @@ func TestShards(t *testing.T) {
 		t.Errorf("SANDGATE_SHARD_URL is %q, want %q: the pod's name under the headless Service, at its http port", got, want)
 	} else if u, err := url.Parse(strings.NewReplacer("$(POD_NAME)", "sandgate-0", "$(POD_NAMESPACE)", "sandgate").Replace(got)); err != nil || u.Port() != strconv.Itoa(int(httpPort)) {
 		t.Errorf("SANDGATE_SHARD_URL %q does not parse to the http port: %v", got, err)
+	}
+	// The peers admit every shard's URL, and nothing beside the headless
+	// Service's pods.
+	peerList, err := forward.ParsePeers(strings.Split(strings.ReplaceAll(get("SANDGATE_SHARD_PEERS"), "$(POD_NAMESPACE)", "sandgate"), ","))
+	if err != nil {
+		t.Errorf("SANDGATE_SHARD_PEERS: %v", err)
+	}
+	for i := range 2 * int(*ss.Spec.Replicas) {
+		u, _ := url.Parse(strings.NewReplacer("$(POD_NAME)", fmt.Sprintf("%s-%d", ss.Name, i), "$(POD_NAMESPACE)", "sandgate").Replace(want))
+		if err := peerList.Allow(u); err != nil {
+			t.Errorf("SANDGATE_SHARD_PEERS does not admit shard %d's URL %s: %v", i, u, err)
+		}
+	}
+	for _, other := range []string{"http://sandgate.sandgate.svc.cluster.local:8080", "http://evil.example:8080", "http://127.0.0.1:8080"} {
+		u, _ := url.Parse(other)
+		if peerList.Allow(u) == nil {
+			t.Errorf("SANDGATE_SHARD_PEERS admits %s, which is no shard", other)
+		}
 	}
 	duration := func(name string) time.Duration {
 		d, err := time.ParseDuration(get(name))

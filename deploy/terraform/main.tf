@@ -138,6 +138,13 @@ resource "google_cloud_run_v2_service" "sandgate" {
         name  = "SANDBOX_IMAGE_ID"
         value = local.digest
       }
+      # The shards a request, and this shard's credentials, may be
+      # forwarded to: every shard's deterministic URL. A shard's URL in
+      # the bucket is only the bucket's word; this list is the proof.
+      env {
+        name  = "SANDGATE_SHARD_PEERS"
+        value = join(",", local.shard_urls)
+      }
       env {
         name = "SANDBOX_SERVICE_TOKEN"
         value_source {

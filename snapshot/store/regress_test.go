@@ -48,10 +48,19 @@ func TestDirMissingDigestXattrIsMismatch(t *testing.T) {
 		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		if b, err := read(); !errors.Is(err, ErrDigestMismatch) {
-			t.Errorf("%q without a digest attribute: served %q, err %v; want ErrDigestMismatch", content, b, err)
+		if b, err := read(); !errors.Is(err, ErrDigestMismatch) || !errors.Is(err, ErrNoDigest) {
+			t.Errorf("%q without a digest attribute: served %q, err %v; want ErrDigestMismatch, ErrNoDigest", content, b, err)
 		}
 	}
+	// A caller that checks the bytes itself reads them whole.
+	rc, err := d.Get(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, err := io.ReadAll(AcceptUnrecorded(rc)); err != nil || string(b) != "HELLO WORLD" {
+		t.Errorf("AcceptUnrecorded: %q, %v", b, err)
+	}
+	rc.Close()
 	// No probe leftovers (the lock file aside), nothing hidden listed.
 	if ents, _ := os.ReadDir(dir); len(ents) != 2 || ents[0].Name() != ".lock" {
 		t.Errorf("store root holds %v, want .lock and the object", ents)

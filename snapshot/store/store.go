@@ -88,12 +88,43 @@ var (
 	// recorded digest, size or checksum (snapshot.ErrDigestMismatch is
 	// this same value: a layer that does not match its manifest).
 	ErrDigestMismatch = errors.New("digest mismatch")
+	// ErrNoDigest reports an object whose digest was never recorded: one
+	// written into the store by something else (the reference service's
+	// snapshots, made by tar), or copied without its attributes. A Dir's
+	// Get of it ends with this error instead of io.EOF; it matches
+	// ErrDigestMismatch too (nothing vouches for the bytes), and
+	// AcceptUnrecorded reads such an object for a caller that checks its
+	// bytes itself, by their own framing.
+	ErrNoDigest error = noDigest{}
 	// ErrBadName reports a name the stores refuse.
 	ErrBadName = errors.New("bad object name")
 	// ErrBadLocation reports a store or object location that is not a
 	// path, file:///path or gs://bucket/path.
 	ErrBadLocation = errors.New("bad store location")
 )
+
+// noDigest is ErrNoDigest: it also matches ErrDigestMismatch.
+type noDigest struct{}
+
+func (noDigest) Error() string        { return "no digest recorded" }
+func (noDigest) Is(target error) bool { return target == ErrDigestMismatch }
+
+// AcceptUnrecorded returns a Get's reader that ends with io.EOF where it
+// would end with ErrNoDigest (an object whose size is as stored, but whose
+// digest was never recorded), for a caller that verifies the bytes by
+// their own framing (a gzip's checksum and length, a tar's structure).
+// Every other mismatch is still reported.
+func AcceptUnrecorded(r io.Reader) io.Reader { return unrecorded{r} }
+
+type unrecorded struct{ r io.Reader }
+
+func (u unrecorded) Read(p []byte) (int, error) {
+	n, err := u.r.Read(p)
+	if errors.Is(err, ErrNoDigest) {
+		err = io.EOF
+	}
+	return n, err
+}
 
 // notExist is a "not found" sentinel that also matches fs.ErrNotExist.
 type notExist struct{ msg string }

@@ -60,7 +60,7 @@ func (v *verifyingReader) check() error {
 		return fmt.Errorf("%s: crc32c %08x, %08x recorded: %w", v.name, v.crc, *v.wantCRC, ErrDigestMismatch)
 	}
 	if v.missing != "" {
-		return fmt.Errorf("%s: %s: %w", v.name, v.missing, ErrDigestMismatch)
+		return fmt.Errorf("%s: %s: %w", v.name, v.missing, ErrNoDigest)
 	}
 	if v.digest != "" {
 		if got := "sha256:" + hex.EncodeToString(v.sha.Sum(nil)); got != v.digest {

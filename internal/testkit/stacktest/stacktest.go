@@ -30,6 +30,7 @@ import (
 	"time"
 
 	"github.com/sandgate/sandgate/api/bridge"
+	"github.com/sandgate/sandgate/api/forward"
 	"github.com/sandgate/sandgate/api/server"
 	"github.com/sandgate/sandgate/api/service"
 	"github.com/sandgate/sandgate/appliance"
@@ -90,6 +91,9 @@ type Config struct {
 	Bridge bridge.Config
 	// NoConsole turns the web console off (SANDGATE_CONSOLE=false).
 	NoConsole bool
+	// Peers are the shards requests may be forwarded to (the zero value:
+	// loopback ones).
+	Peers forward.Peers
 }
 
 // Stack is a running stack. Close it when done.
@@ -219,7 +223,7 @@ func Start(cfg Config) (s *Stack, err error) {
 		UpstreamRoots: s.CA.Pool, AuditLog: s.Log, AuditFlush: cfg.AuditFlush, Modules: cfg.Modules, InterceptCA: s.InterceptCA,
 		Store:    st,
 		Launcher: appliance.LauncherConfig{CLI: bin, AgentBinary: bin, StateDir: s.StateDir, PrivateDir: dir, Capture: !cfg.NoCapture},
-		Manager:  mc, Server: sc, Bridge: cfg.Bridge, Logger: s.Logger, NoConsole: cfg.NoConsole,
+		Manager:  mc, Server: sc, Bridge: cfg.Bridge, Peers: cfg.Peers, Logger: s.Logger, NoConsole: cfg.NoConsole,
 	})
 	if err != nil {
 		return nil, err
