@@ -226,15 +226,20 @@ func (s *guardedStdin) refused() error {
 }
 
 // Process returns process pid of running sandbox id: ErrNotRunning, or
-// ErrNoProcess.
+// ErrNoProcess. No process outlives its sandbox's suspend, and the errors
+// say so.
 func (m *Manager) Process(id, pid string) (*Process, error) {
 	sb, err := m.Sandbox(id)
+	if errors.Is(err, ErrNotRunning) {
+		return nil, fmt.Errorf("%w: sandbox %q is not running, so process %q is not either (a process ends when its sandbox is suspended, and none comes back with a resume)", ErrNotRunning, id, pid)
+	}
 	if err != nil {
 		return nil, err
 	}
 	p := sb.process(pid)
 	if p == nil {
-		return nil, fmt.Errorf("%w: %q in sandbox %q (processes are forgotten %s after they exit)", ErrNoProcess, pid, id, m.cfg.ProcessRetention)
+		return nil, fmt.Errorf("%w: %q in sandbox %q (processes are forgotten %s after they exit, and none outlives a suspend: this sandbox has been running since %s)",
+			ErrNoProcess, pid, id, m.cfg.ProcessRetention, sb.started.UTC().Format(time.RFC3339))
 	}
 	return p, nil
 }

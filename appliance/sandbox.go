@@ -60,8 +60,9 @@ type Sandbox struct {
 	opts  Options
 	log   *slog.Logger
 
-	ctx    context.Context // the sandbox's lifetime: ends at Destroy
-	cancel context.CancelCauseFunc
+	ctx     context.Context // the sandbox's lifetime: ends at Destroy
+	cancel  context.CancelCauseFunc
+	started time.Time // when it started running (here: created, resumed, forked)
 
 	mu       sync.Mutex
 	cur      *agent.Client
@@ -127,7 +128,7 @@ func start(ctx context.Context, l *Launcher, proxy *relay.Proxy, id string, opts
 		return nil, err
 	}
 	s := &Sandbox{id: id, l: l, proxy: proxy, opts: opts, log: l.log.With("sandbox", id), ready: make(chan struct{}),
-		procs: map[string]*Process{}, portsOpen: map[int]int{}}
+		procs: map[string]*Process{}, portsOpen: map[int]int{}, started: time.Now()}
 	s.touch()
 	s.relay = relay.NewTenant(id, opts.Policy, opts.Transforms)
 	if opts.Modules != nil {

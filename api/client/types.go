@@ -181,6 +181,21 @@ type SandboxInfo struct {
 	// Shard is the shard running it, when several services share one
 	// store (WithShards).
 	Shard string `json:"shard,omitempty"`
+	// SuspendedBy says who suspended it (suspended sandboxes): "caller"
+	// (it stays suspended until resumed), or the service on its own
+	// ("idle", "shutdown", "recovery", "shard-lost"), when its next call
+	// wakes it.
+	SuspendedBy string `json:"suspendedBy,omitempty"`
+}
+
+// KeptNetwork is the network a Resume without one kept
+// (Session.KeptNetwork): the sandbox's last, or, when none was kept with
+// it (a snapshot of an older sandgate, or of the reference service), the
+// service's allowed hosts and base URLs alone (Kept false).
+type KeptNetwork struct {
+	Kept     bool
+	Policy   *NetworkPolicy
+	BaseURLs map[string]string
 }
 
 // ModuleInfo describes one of a sandbox's own modules: its name, the

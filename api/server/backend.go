@@ -30,6 +30,7 @@ type Backend interface {
 type lifecycleBackend interface {
 	Create(ctx context.Context, id string, opts appliance.CreateOptions) (*appliance.Sandbox, error)
 	Resume(ctx context.Context, id string, opts appliance.ResumeOptions) (*appliance.Sandbox, error)
+	Wake(ctx context.Context, id string, opts appliance.ResumeOptions) (bool, error)
 	Suspend(ctx context.Context, id string) error
 	Destroy(ctx context.Context, id string) error
 	Fork(ctx context.Context, src, dst string, opts appliance.ForkOptions) (appliance.State, error)

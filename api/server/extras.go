@@ -119,7 +119,7 @@ func auditQuery(v url.Values) (audit.Query, error) {
 // and resume. An empty list removes them.
 func (s *Server) setModules(w http.ResponseWriter, r *http.Request) error {
 	name := r.PathValue("name")
-	if err := s.mustRun(r.Context(), name); err != nil {
+	if err := s.awake(r.Context(), name); err != nil {
 		return err
 	}
 	o, err := readObject(r, 64<<20)

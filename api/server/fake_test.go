@@ -35,14 +35,16 @@ type fakeBackend struct {
 }
 
 type fakeBox struct {
-	state   appliance.State
-	created time.Time
-	spec    appliance.NetworkSpec
-	rules   []transforms.Rule
-	modules []appliance.ModuleSource
-	files   map[string][]byte
-	procs   map[string]*appliance.Process
-	execs   []appliance.ExecRequest
+	state appliance.State
+	// suspendedBy is who suspended it (a suspended box).
+	suspendedBy appliance.SuspendReason
+	created     time.Time
+	spec        appliance.NetworkSpec
+	rules       []transforms.Rule
+	modules     []appliance.ModuleSource
+	files       map[string][]byte
+	procs       map[string]*appliance.Process
+	execs       []appliance.ExecRequest
 }
 
 func newFakeBackend() *fakeBackend {
@@ -86,15 +88,33 @@ func (f *fakeBackend) Resume(ctx context.Context, id string, opts appliance.Resu
 	if b.state != appliance.Running {
 		b.state, b.rules, b.procs = appliance.Running, opts.Rules, map[string]*appliance.Process{}
 	}
-	b.spec = opts.Network
+	if !opts.KeepNetwork {
+		b.spec = opts.Network
+	}
 	return nil, nil
+}
+
+func (f *fakeBackend) Wake(ctx context.Context, id string, opts appliance.ResumeOptions) (bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	b, err := f.box(id, false)
+	switch {
+	case err != nil:
+		return false, err
+	case b.state == appliance.Running:
+		return false, nil
+	case !b.suspendedBy.Wakes():
+		return false, fmt.Errorf("%w: sandbox %q is suspended (resume it)", appliance.ErrNotRunning, id)
+	}
+	b.state, b.rules, b.procs = appliance.Running, nil, map[string]*appliance.Process{}
+	return true, nil
 }
 
 func (f *fakeBackend) Suspend(ctx context.Context, id string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if b := f.boxes[id]; b != nil {
-		b.state, b.rules, b.procs = appliance.Suspended, nil, nil
+		b.state, b.rules, b.procs, b.suspendedBy = appliance.Suspended, nil, nil, appliance.SuspendedByCaller
 	}
 	return nil
 }
@@ -124,6 +144,9 @@ func (f *fakeBackend) Fork(ctx context.Context, src, dst string, opts appliance.
 
 func (f *fakeBackend) info(id string, b *fakeBox) appliance.Info {
 	in := appliance.Info{ID: id, State: b.state, Created: b.created}
+	if b.state == appliance.Suspended {
+		in.SuspendedBy = b.suspendedBy
+	}
 	if b.state == appliance.Running {
 		in.BaseURLs = b.spec.BaseURLs
 	}

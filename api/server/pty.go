@@ -133,7 +133,7 @@ func (s *Server) pty(w http.ResponseWriter, r *http.Request) error {
 	if !isWebSocket(r) {
 		return errorf(http.StatusUpgradeRequired, "the terminal route is a WebSocket: send a WebSocket handshake (Upgrade: websocket)")
 	}
-	if err := s.mustRun(r.Context(), name); err != nil {
+	if err := s.awake(r.Context(), name); err != nil {
 		return err
 	}
 	// No Origin check: no browser can call this service (a token, or
