@@ -70,6 +70,15 @@ type ExecRequest struct {
 	// its stderr, SIGTERM to its process group, SIGKILL 5 s later, and
 	// exit code TimeoutExitCode (see manager_timeout.go).
 	Timeout time.Duration
+	// Session, when set, runs the command in that session's shell
+	// (manager_shell.go): Args is then the command's own argv, run by the
+	// session's bash, Dir a directory for this command only ("": the
+	// session's), and the session's directory and variables are kept
+	// after it ends. Commands of one session run one at a time: Exec
+	// waits (bounded by ctx) for the one before to end, and calls Queued,
+	// when set, once if it has to.
+	Session string
+	Queued  func()
 }
 
 // Exec starts a command in running sandbox id and returns it: its output
@@ -106,6 +115,25 @@ func (m *Manager) Exec(ctx context.Context, id string, req ExecRequest) (*Proces
 			return nil, err
 		}
 	}
+	args, dir := req.Args, req.Dir
+	var sess *sessionRun
+	if req.Session != "" {
+		m.mu.Lock()
+		b := m.boxes[id]
+		m.mu.Unlock()
+		if b == nil {
+			return nil, fmt.Errorf("%w: sandbox %q is not running", ErrNotRunning, id)
+		}
+		if sess, err = m.startSession(ctx, b, sb, req); err != nil {
+			return nil, err
+		}
+		args, dir = sess.args, ""
+		defer func() {
+			if sess != nil {
+				sess.release() // the command did not start
+			}
+		}()
+	}
 	var stdin io.Reader
 	switch {
 	case req.Stdin != nil && len(req.StdinHead) > 0:
@@ -122,16 +150,18 @@ func (m *Manager) Exec(ctx context.Context, id string, req ExecRequest) (*Proces
 		stdin = gs
 	}
 	ap, err := sb.Spawn(sb.Context(), agent.Cmd{
-		Args: req.Args, Env: req.Env, Dir: req.Dir, Stdin: stdin,
+		Args: args, Env: req.Env, Dir: dir, Stdin: stdin,
 		Stdout: processOutput{p, Stdout}, Stderr: processOutput{p, Stderr},
 	})
 	switch {
-	case err != nil && req.MissingDirFails && req.Dir != "" && errors.Is(err, fs.ErrNotExist) && missingDir(ctx, sb, req.Dir):
-		processOutput{p, Stderr}.Write([]byte(fmt.Sprintf("sandgate: working directory %s: no such directory\n", req.Dir)))
+	case err != nil && req.MissingDirFails && dir != "" && errors.Is(err, fs.ErrNotExist) && missingDir(ctx, sb, dir):
+		processOutput{p, Stderr}.Write([]byte(fmt.Sprintf("sandgate: working directory %s: no such directory\n", dir)))
 		p.finish(2)
 	case err != nil:
 		return nil, err
 	default:
+		run := sess
+		sess = nil // its turn is the command's now
 		p.agent = ap
 		if gs != nil {
 			gs.proc <- ap
@@ -151,6 +181,9 @@ func (m *Manager) Exec(ctx context.Context, id string, req ExecRequest) (*Proces
 				processOutput{p, Stderr}.Write([]byte("sandgate: the command was killed and its stdin cut short: " + refused.Error() + "\n"))
 			}
 			p.finish(code)
+			if run != nil {
+				run.finish()
+			}
 		}()
 	}
 	sb.addProcess(p)
