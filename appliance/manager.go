@@ -119,6 +119,11 @@ type ManagerConfig struct {
 	// saved as it runs (Checkpoint): what a crash of the service loses;
 	// 0 means DefaultCheckpointInterval, negative never.
 	CheckpointInterval time.Duration
+	// TerminalGrace is how long a terminal whose client went away keeps
+	// running, its output kept, for a client to come back to
+	// (AttachTerminal); 0 means DefaultTerminalGrace, negative none (it
+	// is hung up at once).
+	TerminalGrace time.Duration
 }
 
 // Defaults of ManagerConfig.
@@ -310,6 +315,9 @@ func NewManager(ctx context.Context, cfg ManagerConfig) (*Manager, error) {
 	}
 	if cfg.CheckpointInterval == 0 {
 		cfg.CheckpointInterval = DefaultCheckpointInterval
+	}
+	if cfg.TerminalGrace == 0 {
+		cfg.TerminalGrace = DefaultTerminalGrace
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)

@@ -81,6 +81,7 @@ type Sandbox struct {
 	pmu       sync.Mutex
 	procs     map[string]*Process
 	portsOpen map[int]int
+	terms     map[string]*term // its terminals, by key (terminal.go)
 
 	baseURLs atomic.Pointer[map[string]string]
 
@@ -726,6 +727,36 @@ func (s *Sandbox) addProcess(p *Process) {
 	s.pmu.Lock()
 	s.procs[p.id] = p
 	s.pmu.Unlock()
+}
+
+// addTerminal records a terminal under its key, unless one is there.
+func (s *Sandbox) addTerminal(t *term) bool {
+	s.pmu.Lock()
+	defer s.pmu.Unlock()
+	if s.terms == nil {
+		s.terms = map[string]*term{}
+	}
+	if s.terms[t.key] != nil {
+		return false
+	}
+	s.terms[t.key] = t
+	return true
+}
+
+// removeTerminal forgets terminal t.
+func (s *Sandbox) removeTerminal(t *term) {
+	s.pmu.Lock()
+	defer s.pmu.Unlock()
+	if s.terms[t.key] == t {
+		delete(s.terms, t.key)
+	}
+}
+
+// terminal is the live terminal of that key, or nil.
+func (s *Sandbox) terminal(key string) *term {
+	s.pmu.Lock()
+	defer s.pmu.Unlock()
+	return s.terms[key]
 }
 
 // process returns the command of that id, or nil.

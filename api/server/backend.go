@@ -42,6 +42,7 @@ type lifecycleBackend interface {
 type execBackend interface {
 	Exec(ctx context.Context, id string, req appliance.ExecRequest) (*appliance.Process, error)
 	OpenTerminal(ctx context.Context, id string, req appliance.TerminalRequest) (*appliance.Terminal, error)
+	AttachTerminal(ctx context.Context, id, key string, from int64, alive func(context.Context) error) (*appliance.Terminal, error)
 	Process(id, pid string) (*appliance.Process, error)
 	KillAll(ctx context.Context, id string) error
 }

@@ -187,6 +187,11 @@ func (f *fakeBackend) OpenTerminal(ctx context.Context, id string, req appliance
 	return nil, fmt.Errorf("%w: the fake backend runs no terminal", errors.ErrUnsupported)
 }
 
+// AttachTerminal: no terminal is ever there.
+func (f *fakeBackend) AttachTerminal(ctx context.Context, id, key string, from int64, alive func(context.Context) error) (*appliance.Terminal, error) {
+	return nil, fmt.Errorf("%w: no terminal %q in sandbox %q", appliance.ErrNotFound, key, id)
+}
+
 func (f *fakeBackend) Exec(ctx context.Context, id string, req appliance.ExecRequest) (*appliance.Process, error) {
 	f.mu.Lock()
 	b, err := f.box(id, true)
