@@ -74,7 +74,8 @@ type ExecRequest struct {
 	// (manager_shell.go): Args is then the command's own argv, run by the
 	// session's bash, Dir a directory for this command only ("": the
 	// session's), and the session's directory and variables are kept
-	// after it ends. Commands of one session run one at a time: Exec
+	// after it ends (for a session of the sandbox's, CreateSession; one
+	// not created runs from nothing, and nothing of it is kept). Commands of one session run one at a time: Exec
 	// waits (bounded by ctx) for the one before to end, and calls Queued,
 	// when set, once if it has to.
 	Session string

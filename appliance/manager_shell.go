@@ -276,12 +276,8 @@ func (r *sessionRun) finish() {
 		return
 	}
 	old, ok := t.m[r.name]
-	if ok && old.Dir == s.Dir && maps.Equal(old.Env, s.Env) && slices.Equal(old.Unset, s.Unset) {
-		return
-	}
-	if !ok && len(t.m) >= MaxSessions {
-		r.m.log.Warn(fmt.Sprintf("sandbox %s has %d sessions already: session %s's state is kept in the running sandbox only", r.b.id, MaxSessions, r.name), "sandbox", r.b.id, "session", r.name)
-		return
+	if !ok || old.Dir == s.Dir && maps.Equal(old.Env, s.Env) && slices.Equal(old.Unset, s.Unset) {
+		return // unchanged, or not a session of the sandbox's (deleted meanwhile)
 	}
 	next := maps.Clone(t.m)
 	next[r.name] = s

@@ -62,7 +62,11 @@ func (b *Bridge) exec(w http.ResponseWriter, r *http.Request) error {
 	if sid != "" {
 		// A session not created yet is made with the defaults, as the
 		// contract's container makes it on demand.
-		if err := b.b.CreateSession(r.Context(), id, sid, appliance.Session{Dir: Workspace}); err != nil && !errors.Is(err, appliance.ErrExists) {
+		if _, err := b.b.Session(r.Context(), id, sid); errors.Is(err, appliance.ErrNotFound) {
+			if err := b.b.CreateSession(r.Context(), id, sid, appliance.Session{Dir: Workspace}); err != nil && !errors.Is(err, appliance.ErrExists) {
+				return err
+			}
+		} else if err != nil {
 			return err
 		}
 		ereq.Args, ereq.Dir, ereq.Session = req.argv, req.cwd, sid

@@ -151,13 +151,8 @@ func (b *Bridge) pty(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	ctx := r.Context()
-	var wsp atomic.Pointer[websocket.Conn]
-	alive := func(ctx context.Context) error {
-		if ws := wsp.Load(); ws != nil {
-			return ws.Ping(ctx)
-		}
-		return errors.New("not connected")
-	}
+	var live wsconn.Liveness
+	alive := live.Alive
 	key := ptyKey(q.session)
 	term, err := b.b.AttachTerminal(ctx, id, key, 0, alive)
 	back := err == nil
@@ -182,7 +177,7 @@ func (b *Bridge) pty(w http.ResponseWriter, r *http.Request) error {
 		return nil // Accept wrote the refusal
 	}
 	defer ws.CloseNow()
-	wsp.Store(ws)
+	live.Set(ws)
 	ws.SetReadLimit(ptyMaxMessage)
 	send := func(m ptyMessage) error {
 		data, _ := json.Marshal(m)

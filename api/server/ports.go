@@ -103,7 +103,7 @@ func (s *Server) tunnel(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err := s.awake(r.Context(), name); err != nil {
-		rawStatus(w, http.StatusNotFound)
+		rawStatus(w, status(err))
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)

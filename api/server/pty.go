@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"maps"
 	"net/http"
 	"regexp"
@@ -13,7 +12,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/coder/websocket"
@@ -180,13 +178,8 @@ func (s *Server) pty(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	ctx := r.Context()
-	var wsp atomic.Pointer[websocket.Conn]
-	alive := func(ctx context.Context) error {
-		if ws := wsp.Load(); ws != nil {
-			return ws.Ping(ctx)
-		}
-		return errors.New("not connected")
-	}
+	var live wsconn.Liveness
+	alive := live.Alive
 	var term *appliance.Terminal
 	if attachID != "" {
 		// No wake: a suspended sandbox's terminals ended with it.
@@ -213,7 +206,7 @@ func (s *Server) pty(w http.ResponseWriter, r *http.Request) error {
 		return nil // Accept wrote the refusal
 	}
 	defer ws.CloseNow()
-	wsp.Store(ws)
+	live.Set(ws)
 	ws.SetReadLimit(ptyMaxMessage)
 	end := func(e ptyEnd) {
 		b, _ := json.Marshal(e)
