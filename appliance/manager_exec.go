@@ -75,9 +75,10 @@ type ExecRequest struct {
 	// session's bash, Dir a directory for this command only ("": the
 	// session's), and the session's directory and variables are kept
 	// after it ends (for a session of the sandbox's, CreateSession; one
-	// not created runs from nothing, and nothing of it is kept). Commands of one session run one at a time: Exec
-	// waits (bounded by ctx) for the one before to end, and calls Queued,
-	// when set, once if it has to.
+	// not created runs from nothing, and nothing of it is kept). Commands
+	// of one session run one at a time: Exec waits (bounded by ctx) for
+	// the one before to end, and calls Queued, when set, once if it has
+	// to.
 	Session string
 	Queued  func()
 }

@@ -233,13 +233,13 @@ func (b *Bridge) pty(w http.ResponseWriter, r *http.Request) error {
 		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		code, err := term.Wait(wctx)
 		cancel()
+		term.Close() // forgotten before its end is said: the next connection gets a new shell
 		if err != nil {
 			send(ptyMessage{Type: "error", Message: "terminal failed: " + err.Error()})
 		}
 		if send(ptyMessage{Type: "exit", Code: &code}) == nil {
 			ws.Close(websocket.StatusNormalClosure, "")
 		}
-		term.Close()
 	}
 	ws.CloseNow()
 	<-input

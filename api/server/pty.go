@@ -272,12 +272,12 @@ func (s *Server) pty(w http.ResponseWriter, r *http.Request) error {
 		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		code, err := term.Wait(wctx)
 		cancel()
+		term.Close() // forgotten before its end is said: no one attaches to it after
 		if err != nil {
 			end(ptyEnd{ExitCode: &code, Error: err.Error()})
 		} else {
 			end(ptyEnd{ExitCode: &code})
 		}
-		term.Close()
 	}
 	ws.CloseNow()
 	<-input

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -192,14 +193,15 @@ func TestTerminalPastItsGraceIsHungUp(t *testing.T) {
 	}
 
 	// The bridge: a new shell each time its client goes away.
+	shown := regexp.MustCompile(`pid:([0-9]+)\.\r\n`)
 	pid := func(ws *websocket.Conn) string {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		if err := ws.Write(ctx, websocket.MessageBinary, []byte("echo pid=$$.\n")); err != nil {
+		if err := ws.Write(ctx, websocket.MessageBinary, []byte("printf 'pid:%s.\\n' $$\n")); err != nil {
 			t.Fatal(err)
 		}
 		var out strings.Builder
-		for !strings.Contains(out.String(), ".\r\n") || strings.Count(out.String(), "pid=") < 2 {
+		for shown.FindStringSubmatch(out.String()) == nil {
 			typ, data, err := ws.Read(ctx)
 			if err != nil {
 				t.Fatalf("the bridge's terminal: %v; %q", err, out.String())
@@ -208,8 +210,7 @@ func TestTerminalPastItsGraceIsHungUp(t *testing.T) {
 				out.Write(data)
 			}
 		}
-		s := out.String()
-		return s[strings.LastIndex(s, "pid="):strings.LastIndex(s, ".\r\n")]
+		return shown.FindStringSubmatch(out.String())[1]
 	}
 	dial := func() *websocket.Conn {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
