@@ -252,8 +252,10 @@ func (c *Client) Resume(ctx context.Context, id string, opts ResumeOptions) (*Se
 }
 
 // Attach returns a session of a running sandbox as it is, changing
-// nothing of it (Resume replaces its network). A suspended one is
-// ErrSandboxNotRunning, a missing one ErrSandboxNotFound.
+// nothing of it (Resume replaces its network), or of one the service
+// suspended on its own (idle, say: SandboxInfo.Wakes), which its next
+// call wakes as it was. One its caller suspended is ErrSandboxNotRunning
+// (resume it), a missing one ErrSandboxNotFound.
 func (c *Client) Attach(ctx context.Context, id string, ports ...int) (*Session, error) {
 	if err := checkPorts(ports); err != nil {
 		return nil, err
@@ -262,7 +264,7 @@ func (c *Client) Attach(ctx context.Context, id string, ports ...int) (*Session,
 	if err != nil {
 		return nil, err
 	}
-	if in.State != "running" {
+	if in.State != "running" && !in.Wakes() {
 		return nil, fmt.Errorf("%w: sandbox %q is %s (resume it)", ErrSandboxNotRunning, id, in.State)
 	}
 	return c.newSession(api.Description{Name: in.Name, Home: in.Home, WorkingDirectory: in.WorkingDirectory}, ports), nil

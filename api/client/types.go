@@ -188,6 +188,17 @@ type SandboxInfo struct {
 	SuspendedBy string `json:"suspendedBy,omitempty"`
 }
 
+// Wakes says whether a suspended sandbox's next call wakes it: the
+// service suspended it on its own. One its caller suspended, or one
+// suspended by an older service, stays suspended until resumed.
+func (i SandboxInfo) Wakes() bool {
+	switch i.SuspendedBy {
+	case "idle", "shutdown", "recovery", "shard-lost":
+		return i.State == "suspended"
+	}
+	return false
+}
+
 // KeptNetwork is the network a Resume without one kept
 // (Session.KeptNetwork): the sandbox's last, or, when none was kept with
 // it (a snapshot of an older sandgate, or of the reference service), the
