@@ -154,7 +154,7 @@ func (m *Manager) publish(ctx context.Context, b *box, sb *Sandbox, so startOpti
 	// Its sessions are read again from the store: another shard may have
 	// changed them since this one last ran it.
 	b.sessions.mu.Lock()
-	b.sessions.loaded, b.sessions.seeded = false, nil
+	b.sessions.loaded, b.sessions.seeded, b.sessions.bashLooked = false, nil, false
 	b.sessions.mu.Unlock()
 	b.live.Store(sb)
 	b.state.Store(Running)

@@ -66,6 +66,9 @@ type sessionTable struct {
 	// sandbox has been given (manager_shell.go).
 	turns  map[string]*sessionTurn
 	seeded map[string]bool
+	// bash is the running sandbox's bash ("" none), once bashLooked.
+	bash       string
+	bashLooked bool
 }
 
 // CreateSession records session name of running sandbox id. Its

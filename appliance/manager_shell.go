@@ -36,9 +36,9 @@ import (
 // in the order they came (the reference serialises them the same way); a
 // command that must wait for its turn says so (ExecRequest.Queued).
 //
-// An image without bash runs a session's commands with sh, from the
-// session's directory and variables as kept, without saving what they
-// change.
+// An image without bash (4.4 or later, at /bin/bash or /usr/bin/bash)
+// runs a session's commands with sh, from the session's directory and
+// variables as kept, without saving what they change.
 
 // sessionStateDir is where a sandbox keeps its sessions' shell state:
 // <name>.sh, what a session's shell sources (bash), and <name>.env, what
@@ -50,58 +50,68 @@ const sessionStateDir = "/tmp/.sandgate-sessions"
 // directory and variables): more stays in the running sandbox only.
 const maxSessionState = 64 << 10
 
-// sessionLauncher runs sessionShell with bash, or, without bash, the
-// command with sh from the state kept (nothing saved).
-const sessionLauncher = `w=$1; shift
-if command -v bash >/dev/null 2>&1; then exec bash --norc --noprofile -c "$w" sandgate-session "$@"; fi
-[ -r "$1/$2.sh" ] && . "$1/$2.sh" 2>/dev/null
+// sessionFallback runs a session's command with sh, in an image without
+// bash: from the session's state as kept (a seed is plain sh), saving
+// nothing.
+const sessionFallback = `[ -r "$1/$2.sh" ] && . "$1/$2.sh" 2>/dev/null
 c=$3; shift 3
 if [ -n "$c" ]; then cd -- "$c" 2>/dev/null || { printf 'sandgate: working directory %s: no such directory\n' "$c" >&2; exit 2; }; fi
 "$@"`
 
-// sessionShell is the bash a session's command runs in: $1 the state
-// directory, $2 the session, $3 the command's own directory ("": the
-// session's), the rest the command. Every name it uses starts with __sg_
-// and is never saved.
-const sessionShell = `__sg_dir=$1 __sg_name=$2 __sg_cwd=$3
+// allVariables expands, in bash, to the name of every variable set: the
+// names by their first character, with no subshell to fork.
+var allVariables = func() string {
+	var b strings.Builder
+	for _, r := range "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ_" {
+		b.WriteString("${!" + string(r) + "@} ")
+	}
+	return b.String()
+}()
+
+// sessionShell is the bash (4.4 or later) a session's command runs in: $1
+// the state directory, $2 the session, $3 the command's own directory
+// ("": the session's), the rest the command. Every name it uses starts
+// with __sg_ and is never saved; it forks nothing but the command.
+var sessionShell = strings.ReplaceAll(`__sg_dir=$1 __sg_name=$2 __sg_cwd=$3
 shift 3
 __sg_sh=$__sg_dir/$__sg_name.sh __sg_env=$__sg_dir/$__sg_name.env
 declare -A __sg_base=() __sg_v0=()
-for __sg_n in $(compgen -e); do __sg_base[$__sg_n]=${!__sg_n}; done
-for __sg_n in $(compgen -v); do __sg_v0[$__sg_n]=1; done
-__sg_skip() { case $1 in __sg_*|_|PWD|OLDPWD|SHLVL|BASH_*|FUNCNAME|PIPESTATUS|COMP_*|LINENO|RANDOM|SRANDOM|SECONDS|EPOCHSECONDS|EPOCHREALTIME) return 0;; esac; return 1; }
+for __sg_n in ALL; do
+	__sg_v0[$__sg_n]=1
+	[[ ${!__sg_n@a} == *x* ]] && __sg_base[$__sg_n]=${!__sg_n}
+done
 __sg_save() {
 	local __sg_n __sg_keep=$PWD
+	local -a __sg_set=() __sg_gone=() __sg_own=()
+	local -A __sg_now=()
 	[ -n "$__sg_cwd" ] && __sg_keep=$__sg_home
-	declare -A __sg_now=()
-	for __sg_n in $(compgen -e); do __sg_now[$__sg_n]=1; done
-	{
-		printf 'cd -- %q 2>/dev/null\n' "$__sg_keep"
-		for __sg_n in "${!__sg_now[@]}"; do
-			__sg_skip "$__sg_n" && continue
-			[[ -v __sg_base[$__sg_n] && ${__sg_base[$__sg_n]} == "${!__sg_n}" ]] || declare -p -- "$__sg_n"
-		done
-		for __sg_n in "${!__sg_base[@]}"; do
-			__sg_skip "$__sg_n" || [[ -v __sg_now[$__sg_n] ]] || printf 'unset -v %s\n' "$__sg_n"
-		done
-		for __sg_n in $(compgen -v); do
-			[[ -v __sg_v0[$__sg_n] || -v __sg_now[$__sg_n] ]] || __sg_skip "$__sg_n" || declare -p -- "$__sg_n"
-		done
-		for __sg_n in $(compgen -A function); do
-			__sg_skip "$__sg_n" || declare -f -- "$__sg_n"
-		done
-		alias -p
-	} >"$__sg_sh.tmp" 2>/dev/null && mv -f -- "$__sg_sh.tmp" "$__sg_sh" 2>/dev/null
+	for __sg_n in ALL; do
+		case $__sg_n in __sg_*|_|PWD|OLDPWD|SHLVL|BASH_*|FUNCNAME|PIPESTATUS|COMP_*|LINENO|RANDOM|SRANDOM|SECONDS|EPOCHSECONDS|EPOCHREALTIME) continue;; esac
+		if [[ ${!__sg_n@a} == *x* ]]; then
+			__sg_now[$__sg_n]=1
+			[[ -v __sg_base[$__sg_n] && ${__sg_base[$__sg_n]} == "${!__sg_n}" ]] || __sg_set+=("$__sg_n")
+		elif [[ ! -v __sg_v0[$__sg_n] ]]; then
+			__sg_own+=("$__sg_n")
+		fi
+	done
+	for __sg_n in "${!__sg_base[@]}"; do
+		case $__sg_n in __sg_*|_|PWD|OLDPWD|SHLVL|BASH_*) continue;; esac
+		[[ -v __sg_now[$__sg_n] ]] || __sg_gone+=("$__sg_n")
+	done
 	{
 		printf '%s\0' "$__sg_keep"
-		for __sg_n in "${!__sg_now[@]}"; do
-			__sg_skip "$__sg_n" && continue
-			[[ -v __sg_base[$__sg_n] && ${__sg_base[$__sg_n]} == "${!__sg_n}" ]] || printf '%s=%s\0' "$__sg_n" "${!__sg_n}"
-		done
-		for __sg_n in "${!__sg_base[@]}"; do
-			__sg_skip "$__sg_n" || [[ -v __sg_now[$__sg_n] ]] || printf -- '-%s\0' "$__sg_n"
-		done
+		for __sg_n in "${__sg_set[@]}"; do printf '%s=%s\0' "$__sg_n" "${!__sg_n}"; done
+		(( ${#__sg_gone[@]} )) && printf -- '-%s\0' "${__sg_gone[@]}"
 	} >"$__sg_env" 2>/dev/null
+	{
+		printf 'cd -- %q 2>/dev/null\n' "$__sg_keep"
+		(( ${#__sg_set[@]} )) && declare -p -- "${__sg_set[@]}"
+		(( ${#__sg_gone[@]} )) && printf 'unset -v %s\n' "${__sg_gone[@]}"
+		(( ${#__sg_own[@]} )) && declare -p -- "${__sg_own[@]}"
+		unset -f __sg_save
+		declare -f
+		alias -p
+	} >"$__sg_sh" 2>/dev/null
 }
 [ -r "$__sg_sh" ] && . "$__sg_sh" 2>/dev/null
 __sg_home=$PWD
@@ -118,12 +128,19 @@ if [[ $# -ge 3 && $2 == -c && ( $1 == sh || $1 == bash || $1 == */sh || $1 == */
 	eval "$__sg_script"
 else
 	"$@"
-fi`
+fi`, "ALL", allVariables)
 
-// sessionArgs is a session's command as the agent runs it.
-func sessionArgs(name, dir string, argv []string) []string {
-	return append([]string{"/bin/sh", "-c", sessionLauncher, "sh", sessionShell, sessionStateDir, name, dir}, argv...)
+// sessionArgs is a session's command as the agent runs it: with the
+// sandbox's bash ("" for none: sh, from the state kept).
+func sessionArgs(bash, name, dir string, argv []string) []string {
+	if bash == "" {
+		return append([]string{"/bin/sh", "-c", sessionFallback, "sh", sessionStateDir, name, dir}, argv...)
+	}
+	return append([]string{bash, "--norc", "--noprofile", "-c", sessionShell, "sandgate-session", sessionStateDir, name, dir}, argv...)
 }
+
+// bashPaths are where a sandbox's bash is looked for.
+var bashPaths = []string{"/bin/bash", "/usr/bin/bash"}
 
 // whereSession is what the credential guard names when a session's kept
 // state, written into the sandbox again after a resume, holds a
@@ -218,16 +235,29 @@ func (m *Manager) startSession(ctx context.Context, b *box, sb *Sandbox, req Exe
 	if err := t.takeTurn(ctx, name, req.Queued); err != nil {
 		return nil, err
 	}
-	r := &sessionRun{m: m, b: b, sb: sb, name: name, args: sessionArgs(name, req.Dir, req.Args)}
+	r := &sessionRun{m: m, b: b, sb: sb, name: name}
 	t.mu.Lock()
 	err := m.loadSessions(ctx, b.id, t)
 	s, kept := t.m[name]
 	seeded := t.seeded[name]
+	bash, looked := t.bash, t.bashLooked
 	t.mu.Unlock()
 	if err != nil {
 		r.release()
 		return nil, err
 	}
+	if !looked {
+		for _, p := range bashPaths {
+			if fi, err := sb.Stat(ctx, p); err == nil && !fi.IsDir() {
+				bash = p
+				break
+			}
+		}
+		t.mu.Lock()
+		t.bash, t.bashLooked = bash, true
+		t.mu.Unlock()
+	}
+	r.args = sessionArgs(bash, name, req.Dir, req.Args)
 	if !seeded {
 		seed := sessionSeed(s, kept)
 		if err := sb.relay.Transforms().Guard().Check(whereSession, seed); err != nil {
