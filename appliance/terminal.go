@@ -419,6 +419,18 @@ func (c *Terminal) Wait(ctx context.Context) (int, error) {
 	return exitCode(st), nil
 }
 
+// Finish ends a terminal whose output this client read to its end: it
+// waits (a few seconds at most) for the command's exit code, as Wait, and
+// forgets the terminal before the caller says it ended, so that no client
+// told so can attach to it again.
+func (c *Terminal) Finish(ctx context.Context) (int, error) {
+	wctx, cancel := context.WithTimeout(ctx, terminalKillWait)
+	defer cancel()
+	code, err := c.Wait(wctx)
+	c.Close()
+	return code, err
+}
+
 // Close hangs the terminal up: a command still running is killed (its
 // whole session's process group), and output not yet read is dropped. A
 // client another has taken the terminal from only lets go of it.

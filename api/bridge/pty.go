@@ -229,11 +229,8 @@ func (b *Bridge) pty(w http.ResponseWriter, r *http.Request) error {
 	case sendErr != nil:
 		term.Detach()
 	case left.Load():
-	default: // the shell ended
-		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		code, err := term.Wait(wctx)
-		cancel()
-		term.Close() // forgotten before its end is said: the next connection gets a new shell
+	default: // the shell ended: the next connection gets a new one
+		code, err := term.Finish(ctx)
 		if err != nil {
 			send(ptyMessage{Type: "error", Message: "terminal failed: " + err.Error()})
 		}

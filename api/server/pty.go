@@ -269,10 +269,7 @@ func (s *Server) pty(w http.ResponseWriter, r *http.Request) error {
 		term.Detach()
 	case in.left():
 	default: // the command ended
-		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		code, err := term.Wait(wctx)
-		cancel()
-		term.Close() // forgotten before its end is said: no one attaches to it after
+		code, err := term.Finish(ctx)
 		if err != nil {
 			end(ptyEnd{ExitCode: &code, Error: err.Error()})
 		} else {
