@@ -123,6 +123,20 @@ type Description struct {
 	Name             string `json:"name"`
 	Home             string `json:"home"`
 	WorkingDirectory string `json:"workingDirectory"`
+	// Network is sandgate's own, in the answer of a resume that asked to
+	// keep the sandbox's network ("keepNetwork"): what it runs with now.
+	Network *KeptNetwork `json:"network,omitempty"`
+}
+
+// KeptNetwork is the network a resume kept (Description.Network).
+type KeptNetwork struct {
+	// Kept is true when the sandbox has the network it last had (running,
+	// or kept with its snapshot); false when none was kept (a snapshot of
+	// an older sandgate, or of the reference service), so that it runs
+	// with the service's allowed hosts and base URLs alone.
+	Kept     bool              `json:"kept"`
+	Policy   any               `json:"policy,omitempty"`
+	BaseURLs map[string]string `json:"baseUrls,omitempty"`
 }
 
 // Health is GET /health's answer. OK is always true: the Cloudflare
@@ -172,6 +186,11 @@ type Sandbox struct {
 	// Shard is the shard running it, when several services share one
 	// store (running sandboxes).
 	Shard string `json:"shard,omitempty"`
+	// SuspendedBy says who suspended it (suspended sandboxes): "caller"
+	// (it stays suspended until resumed), or the service on its own,
+	// "idle", "shutdown", "recovery" or "shard-lost" (its next call wakes
+	// it).
+	SuspendedBy string `json:"suspendedBy,omitempty"`
 	// Limits are what it may take: its own, over the service's defaults
 	// (an appliance.Limits on the service's side).
 	Limits any `json:"limits,omitempty"`

@@ -135,6 +135,11 @@ type ManagerConfig struct {
 	// saved as it runs (Checkpoint): what a crash of the service loses;
 	// 0 means DefaultCheckpointInterval, negative never.
 	CheckpointInterval time.Duration
+	// TerminalGrace is how long a terminal whose client went away keeps
+	// running, its output kept, for a client to come back to
+	// (AttachTerminal); 0 means DefaultTerminalGrace, negative none (it
+	// is hung up at once).
+	TerminalGrace time.Duration
 }
 
 // Defaults of ManagerConfig.
@@ -188,9 +193,14 @@ type CreateOptions struct {
 // starts with it and with the rules given (they were dropped at suspend).
 type ResumeOptions struct {
 	Network NetworkSpec
-	Rules   []transforms.Rule
-	Agent   *agent.Config
-	Dirs    []string
+	// KeepNetwork gives the sandbox its last network instead of Network:
+	// a running one keeps its own, a suspended one the network kept with
+	// its snapshot (the service's hosts and base URLs alone when none was
+	// kept: a snapshot of an older sandgate, or the reference service's).
+	KeepNetwork bool
+	Rules       []transforms.Rule
+	Agent       *agent.Config
+	Dirs        []string
 }
 
 // Info describes a sandbox.
@@ -208,8 +218,8 @@ type Info struct {
 	LayerBytes int64 `json:"layerBytes"`
 	// Template is the template it was made from, if any.
 	Template string `json:"template,omitempty"`
-	// Policy is its egress policy (running sandboxes; a suspended one
-	// keeps none).
+	// Policy is its egress policy: a running sandbox's, or the one a
+	// suspended sandbox wakes with (none when its snapshot kept none).
 	Policy   *netpolicy.Policy `json:"policy,omitempty"`
 	BaseURLs map[string]string `json:"baseUrls,omitempty"`
 	// Modules are its own WebAssembly modules (running or suspended);
@@ -224,6 +234,10 @@ type Info struct {
 	// Shard is the shard it runs on (running sandboxes): this service's,
 	// or another sharing the store, which alone knows the rest of it.
 	Shard string `json:"shard,omitempty"`
+	// SuspendedBy says who suspended it (suspended sandboxes): its
+	// caller, or the service on its own, when its next call wakes it
+	// (SuspendReason.Wakes); "" when not known.
+	SuspendedBy SuspendReason `json:"suspendedBy,omitempty"`
 }
 
 // Manager owns every sandbox of a service: it creates, resumes, suspends,
@@ -355,6 +369,9 @@ func NewManager(ctx context.Context, cfg ManagerConfig) (*Manager, error) {
 	}
 	if cfg.CheckpointInterval == 0 {
 		cfg.CheckpointInterval = DefaultCheckpointInterval
+	}
+	if cfg.TerminalGrace == 0 {
+		cfg.TerminalGrace = DefaultTerminalGrace
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -610,39 +627,104 @@ func (m *Manager) Resume(ctx context.Context, id string, opts ResumeOptions) (sb
 		return nil, err
 	}
 	defer release()
+	sb, bytes, err = m.resumeLocked(ctx, b, nil, opts)
+	return sb, err
+}
+
+// Wake makes sandbox id run for a call that needs it running, and says
+// whether it had to. A running one is left as it is. One the service
+// suspended on its own (idle, stopping, restart recovery, a shard that
+// died: SuspendReason.Wakes) is resumed as it was: with the network kept
+// with its snapshot, its modules and its sessions (opts gives the agent's
+// configuration and directories; its network is not used). One its caller
+// suspended stays suspended until resumed: ErrNotRunning. A wake goes
+// through the id's lock like any operation, so one that races a suspend
+// in progress waits for it and then decides.
+func (m *Manager) Wake(ctx context.Context, id string, opts ResumeOptions) (woke bool, err error) {
+	if _, err := m.Sandbox(id); err == nil || errors.Is(err, ErrFenced) {
+		return false, err
+	}
+	b, release, err := m.acquire(ctx, id)
+	if err != nil {
+		return false, err
+	}
+	defer release()
+	if b.live.Load() != nil {
+		return false, nil
+	}
+	rec, err := m.suspended(ctx, id)
+	if errors.Is(err, store.ErrNotFound) {
+		return false, fmt.Errorf("%w: sandbox %q is neither running nor suspended", ErrNotFound, id)
+	}
+	if err != nil {
+		return false, err
+	}
+	why := rec.reason()
+	if !why.Wakes() {
+		return false, fmt.Errorf("%w: sandbox %q is suspended (resume it)", ErrNotRunning, id)
+	}
+	start := time.Now()
+	opts.KeepNetwork = true
+	_, bytes, err := m.resumeLocked(ctx, b, rec, opts)
+	m.done("resume", id, start, err, func() []any { return []any{"bytes", bytes, "woken", true, "suspended_by", string(why)} })
+	return err == nil, err
+}
+
+// resumeLocked is Resume under the id's lock; rec, when given, is the
+// sandbox's snapshot as just read.
+func (m *Manager) resumeLocked(ctx context.Context, b *box, rec *record, opts ResumeOptions) (sb *Sandbox, bytes int64, err error) {
+	id := b.id
 	if err := opts.Network.check(); err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	if live := b.live.Load(); live != nil {
+		if opts.KeepNetwork {
+			return live, 0, nil
+		}
 		network, err := m.effectiveNetwork(opts.Network, live.relay.Transforms().Rules())
 		if err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 		b.spec, b.network = opts.Network, network
 		live.setNetwork(network)
-		return live, nil
+		m.keepNetwork(ctx, b)
+		return live, 0, nil
 	}
-	network, err := m.effectiveNetwork(opts.Network, opts.Rules)
-	if err != nil {
-		return nil, err
+	var network Network
+	if !opts.KeepNetwork {
+		if network, err = m.effectiveNetwork(opts.Network, opts.Rules); err != nil {
+			return nil, 0, err
+		}
 	}
 	if err := m.takeLease(ctx, b); err != nil {
-		return nil, err // *cluster.HeldError (ErrElsewhere): it runs there
+		return nil, 0, err // *cluster.HeldError (ErrElsewhere): it runs there
 	}
 	defer func() {
 		if err != nil {
 			m.releaseLease(ctx, b)
 		}
 	}()
-	rec, err := m.suspended(ctx, id)
-	if errors.Is(err, store.ErrNotFound) {
-		if e := m.expiry(ctx, id); e != nil {
-			return nil, e
+	if rec == nil {
+		rec, err = m.suspended(ctx, id)
+		if errors.Is(err, store.ErrNotFound) {
+			if e := m.expiry(ctx, id); e != nil {
+				return nil, 0, e
+			}
+			return nil, 0, fmt.Errorf("%w: sandbox %q is neither running nor suspended", ErrNotFound, id)
 		}
-		return nil, fmt.Errorf("%w: sandbox %q is neither running nor suspended", ErrNotFound, id)
+		if err != nil {
+			return nil, 0, err
+		}
 	}
-	if err != nil {
-		return nil, err
+	spec := opts.Network
+	if opts.KeepNetwork {
+		spec = rec.Network.spec()
+		if err := spec.check(); err != nil {
+			return nil, 0, fmt.Errorf("sandbox %s: the network kept with it: %w", id, err)
+		}
+		if network, err = m.effectiveNetwork(spec, opts.Rules); err != nil {
+			return nil, 0, fmt.Errorf("sandbox %s: the network kept with it: %w", id, err)
+		}
 	}
 	bytes = rec.Size
 	if rec.Spent {
@@ -653,11 +735,12 @@ func (m *Manager) Resume(ctx context.Context, id string, opts ResumeOptions) (sb
 	// write is conditional on the record read, and bumps its generation:
 	// a shard that ran the sandbox before and lost it (fenced) can no
 	// longer write its record (the reference service's object is left as
-	// it is: its next save removes it).
+	// it is: its next save removes it). The record keeps the network it
+	// runs with, so that it wakes with it if this shard dies.
 	if !rec.legacy {
-		rec.Spent = true
+		rec.Spent, rec.Reason, rec.Network = true, "", saveNetwork(spec)
 		if err := m.writeRecordIf(ctx, snapshotRecordKey(id), rec, rec.gen); err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 		b.recGen = rec.gen
 		b.saved = time.Now()
@@ -665,24 +748,50 @@ func (m *Manager) Resume(ctx context.Context, id string, opts ResumeOptions) (sb
 		m.log.Info("resuming a sandbox the reference service suspended; its next save is in sandgate's format", "sandbox", id, "object", rec.Layer)
 	}
 	if err := m.reserve(); err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	mods, err := m.fetchModules(ctx, rec.Modules)
 	if err != nil {
 		m.unreserve()
-		return nil, err
+		return nil, 0, err
 	}
-	b.created, b.template, b.spec, b.network, b.modules = rec.Created, rec.Template, opts.Network, network, mods
+	b.created, b.template, b.spec, b.network, b.modules = rec.Created, rec.Template, spec, network, mods
 	b.limits = rec.Limits
 	m.setBase(b, rec.baseRecord())
 	sb, err = m.start(ctx, b, rec, startOptions{Rules: opts.Rules, Agent: opts.Agent, Dirs: opts.Dirs})
 	if err != nil {
 		m.setBase(b, nil)
 		m.unreserve()
-		return nil, err
+		return nil, 0, err
 	}
 	m.met.suspended.Dec()
-	return sb, nil
+	return sb, bytes, nil
+}
+
+// keepNetwork writes running sandbox b's network into its record, if it
+// has one (b's lock held): a sandbox that wakes on another shard, after
+// this one died, wakes with the network it had here. A record changed
+// under this shard (another runs the sandbox now) is left as it is.
+func (m *Manager) keepNetwork(ctx context.Context, b *box) {
+	if err := m.journal(b); err != nil {
+		m.log.Warn("recording the sandbox's network for restart recovery failed", "sandbox", b.id, "err", err)
+	}
+	if b.recGen == 0 {
+		return // no record yet: its first save keeps it
+	}
+	rec, err := m.readRecord(ctx, snapshotRecordKey(b.id))
+	if err == nil && rec.gen != b.recGen {
+		err = fmt.Errorf("%w: %w", ErrStore, ErrRecordChanged)
+	}
+	if err == nil {
+		rec.Network = saveNetwork(b.spec)
+		if err = m.writeRecordIf(ctx, snapshotRecordKey(b.id), rec, b.recGen); err == nil {
+			b.recGen = rec.gen
+		}
+	}
+	if err != nil {
+		m.log.Warn("keeping the sandbox's network with its record failed: if its shard dies, it wakes with the network of its last save", "sandbox", b.id, "err", err)
+	}
 }
 
 // SetNetwork replaces running sandbox id's network: every new connection
@@ -711,6 +820,7 @@ func (m *Manager) SetNetwork(ctx context.Context, id string, spec NetworkSpec) e
 	}
 	b.spec, b.network = spec, n
 	sb.setNetwork(n)
+	m.keepNetwork(ctx, b)
 	return nil
 }
 
@@ -747,9 +857,16 @@ func (m *Manager) SetRules(ctx context.Context, id string, rules []transforms.Ru
 // its processes are stopped, its layer exported and saved (compressed,
 // with its digest and manifest; a save cut short leaves nothing a resume
 // would trust), then it is deleted. A failed save leaves it running. Its
-// network and transformations are forgotten. A sandbox not running is no
-// error (idempotent).
-func (m *Manager) Suspend(ctx context.Context, id string) (err error) {
+// transformations are forgotten; its network is kept with its snapshot
+// (ResumeOptions.KeepNetwork). It stays suspended until resumed: a call
+// does not wake it (SuspendedByCaller). A sandbox not running is no error
+// (idempotent).
+func (m *Manager) Suspend(ctx context.Context, id string) error {
+	return m.suspend(ctx, id, SuspendedByCaller)
+}
+
+// suspend is Suspend for a reason.
+func (m *Manager) suspend(ctx context.Context, id string, reason SuspendReason) (err error) {
 	start := time.Now()
 	var saved *record
 	defer func() {
@@ -757,7 +874,7 @@ func (m *Manager) Suspend(ctx context.Context, id string) (err error) {
 			if saved == nil {
 				return nil
 			}
-			return []any{"bytes", saved.Size}
+			return []any{"bytes", saved.Size, "reason", string(reason)}
 		})
 	}()
 	b, release, err := m.acquire(ctx, id)
@@ -765,14 +882,17 @@ func (m *Manager) Suspend(ctx context.Context, id string) (err error) {
 		return err
 	}
 	defer release()
-	saved, err = m.suspendLocked(ctx, b)
+	saved, err = m.suspendLocked(ctx, b, reason)
 	return err
 }
 
 // suspendLocked is Suspend under the id's lock.
-func (m *Manager) suspendLocked(ctx context.Context, b *box) (*record, error) {
+func (m *Manager) suspendLocked(ctx context.Context, b *box, reason SuspendReason) (*record, error) {
 	sb := b.live.Load()
 	if sb == nil {
+		if reason == SuspendedByCaller {
+			return nil, m.markSuspendedByCaller(ctx, b.id)
+		}
 		return nil, nil
 	}
 	b.live.Store(nil)
@@ -793,7 +913,7 @@ func (m *Manager) suspendLocked(ctx context.Context, b *box) (*record, error) {
 		defer close(sealed)
 		m.sealAudit(ctx, sb)
 	}()
-	rec, err := m.saveSnapshot(ctx, b)
+	rec, err := m.saveSnapshot(ctx, b, reason)
 	<-sealed
 	if err != nil {
 		m.openAudit(b.id) // it runs on
@@ -810,6 +930,28 @@ func (m *Manager) suspendLocked(ctx context.Context, b *box) (*record, error) {
 	m.releaseLease(ctx, b)
 	m.met.suspended.Inc()
 	return rec, nil
+}
+
+// markSuspendedByCaller records that the caller wants sandbox id, which
+// does not run here, suspended (id's lock held): one the service
+// suspended on its own no longer wakes on its next call. A sandbox another
+// live shard runs is left to it (its owner answers the suspend); one
+// with no snapshot, or only the reference service's, is left as it is.
+func (m *Manager) markSuspendedByCaller(ctx context.Context, id string) error {
+	rec, err := m.readRecord(ctx, snapshotRecordKey(id))
+	if errors.Is(err, store.ErrNotFound) || err == nil && rec.reason() == SuspendedByCaller {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if _, held, err := m.c.Holder(ctx, id); err != nil {
+		return fmt.Errorf("%w: who runs %s: %v", ErrStore, id, err)
+	} else if held {
+		return nil // running: a spent record is its last good state
+	}
+	rec.Spent, rec.Reason = false, SuspendedByCaller
+	return m.writeRecordIf(ctx, snapshotRecordKey(id), rec, rec.gen)
 }
 
 // Destroy removes sandbox id, running or suspended, and its snapshot.
@@ -1055,6 +1197,19 @@ func (m *Manager) Get(ctx context.Context, id string) (Info, error) {
 		return Info{}, err
 	}
 	return m.suspendedInfo(id, rec), nil
+}
+
+// suspendedInfo describes suspended sandbox id: its record, and the
+// network it wakes with.
+func (m *Manager) suspendedInfo(id string, rec *record) Info {
+	inf := rec.info(id)
+	inf.Limits = m.effectiveLimits(rec.Limits)
+	if rec.Network != nil {
+		if n, err := m.effectiveNetwork(rec.Network.spec(), nil); err == nil {
+			inf.Policy, inf.BaseURLs = &n.Policy, n.BaseURLs
+		}
+	}
+	return inf
 }
 
 // List describes every sandbox, running and suspended, by id.

@@ -72,6 +72,17 @@ type ExecRequest struct {
 	// its stderr, SIGTERM to its process group, SIGKILL 5 s later, and
 	// exit code TimeoutExitCode (see manager_timeout.go).
 	Timeout time.Duration
+	// Session, when set, runs the command in that session's shell
+	// (manager_shell.go): Args is then the command's own argv, run by the
+	// session's bash, Dir a directory for this command only ("": the
+	// session's), and the session's directory and variables are kept
+	// after it ends (for a session of the sandbox's, CreateSession; one
+	// not created runs from nothing, and nothing of it is kept). Commands
+	// of one session run one at a time: Exec waits (bounded by ctx) for
+	// the one before to end, and calls Queued, when set, once if it has
+	// to.
+	Session string
+	Queued  func()
 }
 
 // Exec starts a command in running sandbox id and returns it: its output
@@ -109,6 +120,25 @@ func (m *Manager) Exec(ctx context.Context, id string, req ExecRequest) (*Proces
 			return nil, err
 		}
 	}
+	args, dir := req.Args, req.Dir
+	var sess *sessionRun
+	if req.Session != "" {
+		m.mu.Lock()
+		b := m.boxes[id]
+		m.mu.Unlock()
+		if b == nil {
+			return nil, fmt.Errorf("%w: sandbox %q is not running", ErrNotRunning, id)
+		}
+		if sess, err = m.startSession(ctx, b, sb, req); err != nil {
+			return nil, err
+		}
+		args, dir = sess.args, ""
+		defer func() {
+			if sess != nil {
+				sess.release() // the command did not start
+			}
+		}()
+	}
 	var stdin io.Reader
 	switch {
 	case req.Stdin != nil && len(req.StdinHead) > 0:
@@ -125,16 +155,18 @@ func (m *Manager) Exec(ctx context.Context, id string, req ExecRequest) (*Proces
 		stdin = gs
 	}
 	ap, err := sb.Spawn(sb.Context(), agent.Cmd{
-		Args: req.Args, Env: req.Env, Dir: req.Dir, Stdin: stdin,
+		Args: args, Env: req.Env, Dir: dir, Stdin: stdin,
 		Stdout: processOutput{p, Stdout}, Stderr: processOutput{p, Stderr},
 	})
 	switch {
-	case err != nil && req.MissingDirFails && req.Dir != "" && errors.Is(err, fs.ErrNotExist) && missingDir(ctx, sb, req.Dir):
-		processOutput{p, Stderr}.Write([]byte(fmt.Sprintf("sandgate: working directory %s: no such directory\n", req.Dir)))
+	case err != nil && req.MissingDirFails && dir != "" && errors.Is(err, fs.ErrNotExist) && missingDir(ctx, sb, dir):
+		processOutput{p, Stderr}.Write([]byte(fmt.Sprintf("sandgate: working directory %s: no such directory\n", dir)))
 		p.finish(2)
 	case err != nil:
 		return nil, err
 	default:
+		run := sess
+		sess = nil // its turn is the command's now
 		p.agent.Store(ap)
 		if gs != nil {
 			gs.proc <- ap
@@ -155,6 +187,9 @@ func (m *Manager) Exec(ctx context.Context, id string, req ExecRequest) (*Proces
 			}
 			p.agent.Store(nil) // what is kept of it is its output and exit code
 			p.finish(code)
+			if run != nil {
+				run.finish()
+			}
 		}()
 	}
 	sb.addProcess(p)
@@ -230,15 +265,20 @@ func (s *guardedStdin) refused() error {
 }
 
 // Process returns process pid of running sandbox id: ErrNotRunning, or
-// ErrNoProcess.
+// ErrNoProcess. No process outlives its sandbox's suspend, and the errors
+// say so.
 func (m *Manager) Process(id, pid string) (*Process, error) {
 	sb, err := m.Sandbox(id)
+	if errors.Is(err, ErrNotRunning) {
+		return nil, fmt.Errorf("%w: sandbox %q is not running, so process %q is not either (a process ends when its sandbox is suspended, and none comes back with a resume)", ErrNotRunning, id, pid)
+	}
 	if err != nil {
 		return nil, err
 	}
 	p := sb.process(pid)
 	if p == nil {
-		return nil, fmt.Errorf("%w: %q in sandbox %q (processes are forgotten %s after they exit)", ErrNoProcess, pid, id, m.cfg.ProcessRetention)
+		return nil, fmt.Errorf("%w: %q in sandbox %q (processes are forgotten %s after they exit, and none outlives a suspend: this sandbox has been running since %s)",
+			ErrNoProcess, pid, id, m.cfg.ProcessRetention, sb.started.UTC().Format(time.RFC3339))
 	}
 	return p, nil
 }

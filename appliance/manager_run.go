@@ -154,7 +154,7 @@ func (m *Manager) publish(ctx context.Context, b *box, sb *Sandbox, so startOpti
 	// Its sessions are read again from the store: another shard may have
 	// changed them since this one last ran it.
 	b.sessions.mu.Lock()
-	b.sessions.loaded = false
+	b.sessions.loaded, b.sessions.seeded, b.sessions.bashLooked = false, nil, false
 	b.sessions.mu.Unlock()
 	var expires int64
 	if d := expiryDeadline(b.created, m.effectiveLimits(b.limits)); !d.IsZero() {
@@ -172,14 +172,17 @@ func (m *Manager) publish(ctx context.Context, b *box, sb *Sandbox, so startOpti
 
 // The journal: one file per running sandbox in the work directory, with
 // what a restarted service needs to save it as its snapshot (its creation
-// time and the template layer its layer is a delta onto). The sandbox's
-// network and credentials are not in it: they live in memory only.
+// time, the template layer its layer is a delta onto, its modules and
+// its network as its caller gave it). Its credentials are not in it: they
+// live in memory only.
 type journalEntry struct {
 	Created  time.Time   `json:"created"`
 	Template string      `json:"template,omitempty"`
 	Base     *record     `json:"base,omitempty"`
 	Modules  []moduleRef `json:"modules,omitempty"` // their bytes are in the store
 	Limits   Limits      `json:"limits,omitzero"`
+	// Network is what its caller said of where it may go (no credential).
+	Network *savedNetwork `json:"network,omitempty"`
 }
 
 func (m *Manager) journalDir() string { return filepath.Join(m.work, "running") }
@@ -192,7 +195,7 @@ func (m *Manager) journal(b *box) error {
 	if err != nil {
 		return err
 	}
-	data, err := json.Marshal(journalEntry{Created: b.created, Template: b.template, Base: b.base, Modules: refs, Limits: b.limits})
+	data, err := json.Marshal(journalEntry{Created: b.created, Template: b.template, Base: b.base, Modules: refs, Limits: b.limits, Network: saveNetwork(b.spec)})
 	if err != nil {
 		return err
 	}

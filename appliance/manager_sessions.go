@@ -14,18 +14,23 @@ import (
 	"github.com/sandgate/sandgate/snapshot/store"
 )
 
-// Session is a named working directory and set of variables for a
-// sandbox's commands (the Cloudflare bridge's sessions): a front door
-// looks it up and runs a command with them. Sessions are kept in the
-// store beside the sandbox's record, so they outlive a suspend, a resume
-// and a restart of the service; destroying the sandbox removes them.
+// Session is a named shell of a sandbox (the Cloudflare bridge's
+// sessions): its commands (ExecRequest.Session) run one after another in
+// its shell state, so that `cd`, `export`, functions and aliases carry
+// from one to the next (manager_shell.go). Its directory and exported
+// variables are kept in the store beside the sandbox's record, so they
+// outlive a suspend, a resume, a move to another shard and a restart of
+// the service; destroying the sandbox removes them.
 type Session struct {
-	// Dir is the working directory of the session's commands; "" means
-	// the front door's default.
+	// Dir is the working directory of the session's shell; "" means
+	// where its first command starts.
 	Dir string `json:"cwd,omitempty"`
 	// Env are its variables, name → value, on top of what every command
-	// gets.
+	// gets (those its commands exported, or changed).
 	Env map[string]string `json:"env,omitempty"`
+	// Unset are the variables every command gets that its commands
+	// unset.
+	Unset []string `json:"unset,omitempty"`
 }
 
 // MaxSessions caps the sessions of one sandbox: their record is read
@@ -56,6 +61,14 @@ type sessionTable struct {
 	loaded bool
 	m      map[string]Session
 	gen    int64
+	// turns are the sessions with a command running, and the commands
+	// waiting for it; seeded the sessions whose kept state the running
+	// sandbox has been given (manager_shell.go).
+	turns  map[string]*sessionTurn
+	seeded map[string]bool
+	// bash is the running sandbox's bash ("" none), once bashLooked.
+	bash       string
+	bashLooked bool
 }
 
 // CreateSession records session name of running sandbox id. Its
@@ -109,6 +122,7 @@ func (m *Manager) CreateSession(ctx context.Context, id, name string, s Session)
 		return err
 	}
 	t.m = next
+	delete(t.seeded, name) // a shell of that name before is not this one
 	return nil
 }
 
@@ -131,7 +145,7 @@ func (m *Manager) Session(ctx context.Context, id, name string) (Session, error)
 	if !ok {
 		return Session{}, fmt.Errorf("%w: sandbox %q has no session %q", ErrNotFound, id, name)
 	}
-	return Session{Dir: s.Dir, Env: maps.Clone(s.Env)}, nil
+	return Session{Dir: s.Dir, Env: maps.Clone(s.Env), Unset: slices.Clone(s.Unset)}, nil
 }
 
 // DeleteSession removes session name of running sandbox id; one it does
@@ -160,6 +174,7 @@ func (m *Manager) DeleteSession(ctx context.Context, id, name string) error {
 		return err
 	}
 	t.m = next
+	delete(t.seeded, name)
 	return nil
 }
 
@@ -169,7 +184,7 @@ func (m *Manager) loadSessions(ctx context.Context, id string, t *sessionTable) 
 		return nil
 	}
 	t.m, t.gen = map[string]Session{}, 0
-	data, in, err := m.st.Read(ctx, sessionsKey(id), 4<<20)
+	data, in, err := m.st.Read(ctx, sessionsKey(id), MaxSessions*(maxSessionState+4<<10))
 	if errors.Is(err, store.ErrNotFound) {
 		t.loaded = true
 		return nil

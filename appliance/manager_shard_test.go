@@ -5,12 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/sandgate/sandgate/appliance/agent"
 	"github.com/sandgate/sandgate/appliance/cluster"
+	"github.com/sandgate/sandgate/netpolicy"
 	"github.com/sandgate/sandgate/snapshot/store"
 )
 
@@ -101,11 +103,18 @@ func testShardsShareAStore(t *testing.T, st store.Store) {
 		return errors.New("not listed")
 	})
 
-	// Suspended, it is anyone's: b resumes it, with its files.
+	// Suspended, it is anyone's: b resumes it, with its files (and a
+	// network of b's own, kept with its record).
 	if err := a.m.Suspend(ctx, "x"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.m.Resume(ctx, "x", ResumeOptions{Network: NetworkSpec{Policy: ptr(b.pol)}}); err != nil {
+	bpol := b.pol
+	given, err := netpolicy.ParseHostRule("given-on-b.example.com")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bpol.AllowedHosts = append(slices.Clone(bpol.AllowedHosts), given)
+	if _, err := b.m.Resume(ctx, "x", ResumeOptions{Network: NetworkSpec{Policy: &bpol}}); err != nil {
 		t.Fatal(err)
 	}
 	if _, out := b.sh("x", "cat /root/f; echo two > /root/g"); out != "one\n" {
@@ -139,14 +148,18 @@ func testShardsShareAStore(t *testing.T, st store.Store) {
 	if _, err := b.m.Exec(ctx, "x", ExecRequest{Args: []string{"true"}}); !errors.Is(err, ErrFenced) && !errors.Is(err, agent.ErrExpired) {
 		t.Errorf("a command on the fenced shard: %v, want ErrFenced", err)
 	}
-	// a takes x once b's heartbeat expired: from its last saved state,
-	// the checkpoint (what b wrote after it is gone with b's copy).
-	eventually(t, "a resumes x from the cut-off b", func() error {
-		_, err := a.m.Resume(ctx, "x", ResumeOptions{Network: NetworkSpec{Policy: ptr(a.pol)}})
+	// a takes x once b's heartbeat expired, woken by the next call for
+	// it: from its last saved state, the checkpoint (what b wrote after it
+	// is gone with b's copy), with the network it had on b.
+	eventually(t, "a wakes x from the cut-off b", func() error {
+		_, err := a.m.Wake(ctx, "x", ResumeOptions{})
 		return err
 	})
 	if _, out := a.sh("x", "cat /root/f /root/g; test -e /root/h || echo no-h"); out != "one\ntwo\nno-h\n" {
 		t.Errorf("x taken over by a: %q, want its last checkpoint", out)
+	}
+	if in, err := a.m.Get(ctx, "x"); err != nil || in.Policy == nil || !slices.ContainsFunc(in.Policy.AllowedHosts, func(r netpolicy.HostRule) bool { return r.String() == "given-on-b.example.com" }) {
+		t.Errorf("x taken over by a has policy %+v (%v), want the one b gave it", in.Policy, err)
 	}
 	// Back, b rejoins and drops its stale copy, unsaved.
 	cut.cut.Store(false)

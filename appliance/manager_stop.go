@@ -86,7 +86,7 @@ func (m *Manager) suspendIdle(ctx context.Context, id string) {
 	start := time.Now()
 	sctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
 	defer cancel()
-	rec, err := m.suspendLocked(sctx, b)
+	rec, err := m.suspendLocked(sctx, b, SuspendedIdle)
 	m.done("suspend", id, start, err, func() []any {
 		attrs := []any{"reason", "idle", "idle_for", m.cfg.IdleSuspend.String()}
 		if rec != nil {
@@ -106,7 +106,8 @@ type SaveAllResult struct {
 // SaveAll suspends every running sandbox in parallel, bounded by ctx (on
 // SIGTERM Cloud Run gives 10 s). A save cut short by ctx leaves nothing a
 // resume would trust, and a sandbox it could not save keeps its previous
-// snapshot, if it had one, and keeps running.
+// snapshot, if it had one, and keeps running. A sandbox it saved wakes on
+// its next call, on any shard (SuspendedShutdown).
 func (m *Manager) SaveAll(ctx context.Context) SaveAllResult {
 	m.mu.Lock()
 	var ids []string
@@ -121,7 +122,7 @@ func (m *Manager) SaveAll(ctx context.Context) SaveAllResult {
 	var wg sync.WaitGroup
 	for _, id := range ids {
 		wg.Go(func() {
-			err := m.Suspend(ctx, id)
+			err := m.suspend(ctx, id, SuspendedShutdown)
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
@@ -277,7 +278,7 @@ func (m *Manager) recoverSandbox(ctx context.Context, id string, created time.Ti
 	} else if !errors.Is(err, store.ErrNotFound) {
 		return err
 	}
-	if _, err := m.saveSnapshotOf(ctx, id, j.Created, j.Template, j.Base, j.Modules, j.Limits, gen); err != nil {
+	if _, err := m.saveSnapshotOf(ctx, id, j.Created, j.Template, j.Base, j.Modules, gen, recordMeta{Network: j.Network, Reason: SuspendedRecovery, Limits: j.Limits}); err != nil {
 		return err
 	}
 	if err := m.l.Delete(ctx, id); err != nil && !errors.Is(err, ErrNotFound) {

@@ -12,13 +12,16 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/sandgate/sandgate/appliance/sandboxcli"
+	"github.com/sandgate/sandgate/netpolicy"
 	"github.com/sandgate/sandgate/snapshot"
 	"github.com/sandgate/sandgate/snapshot/store"
 )
@@ -98,6 +101,82 @@ type record struct {
 	legacy bool
 	// gen is the generation of the record as read or written.
 	gen int64
+
+	// Network is where the sandbox may go, as its caller last said it
+	// (never a credential: the credential rules stay in memory), so that
+	// it wakes with it; nil when none was recorded (a record of an older
+	// sandgate, or the reference service's object).
+	Network *savedNetwork `json:"network,omitempty"`
+	// Reason says who suspended it: its caller (it stays suspended until
+	// resumed), or the service on its own (it wakes on its next call);
+	// "" when not known (an older record: its caller's). A spent record's
+	// sandbox was running when its shard stopped, which is the service's
+	// doing too.
+	Reason SuspendReason `json:"reason,omitempty"`
+}
+
+// SuspendReason is who suspended a sandbox, and so whether its next call
+// wakes it (Manager.Wake).
+type SuspendReason string
+
+// Why a sandbox is suspended.
+const (
+	// SuspendedByCaller: a call asked for it (protocol 1's suspend,
+	// `sandgate suspend`); it stays suspended until resumed.
+	SuspendedByCaller SuspendReason = "caller"
+	// SuspendedIdle: idle for ManagerConfig.IdleSuspend.
+	SuspendedIdle SuspendReason = "idle"
+	// SuspendedShutdown: the service stopped (SIGTERM) and saved it.
+	SuspendedShutdown SuspendReason = "shutdown"
+	// SuspendedRecovery: a service that restarted found it left running
+	// by its crashed predecessor, and saved it.
+	SuspendedRecovery SuspendReason = "recovery"
+	// SuspendedShardLost: it was running on a shard that stopped without
+	// saving it (it crashed, or lost the store): it is at its last
+	// checkpoint or resume. Said of a spent record, never stored.
+	SuspendedShardLost SuspendReason = "shard-lost"
+)
+
+// Wakes says whether a sandbox suspended for this reason is resumed by
+// the next call that needs it running: the service suspended it on its
+// own. One its caller suspended, or suspended for a reason not known,
+// stays suspended until resumed.
+func (r SuspendReason) Wakes() bool {
+	switch r {
+	case SuspendedIdle, SuspendedShutdown, SuspendedRecovery, SuspendedShardLost:
+		return true
+	}
+	return false
+}
+
+// reason is why the record's sandbox is suspended.
+func (r *record) reason() SuspendReason {
+	if r.Spent {
+		return SuspendedShardLost
+	}
+	return r.Reason
+}
+
+// savedNetwork is a NetworkSpec as a record keeps it: what the caller said
+// (the service's own hosts and base URLs are added anew when it applies).
+type savedNetwork struct {
+	AllowedHosts []string          `json:"allowedHosts,omitempty"`
+	Policy       *netpolicy.Policy `json:"policy,omitempty"`
+	BaseURLs     map[string]string `json:"baseUrls,omitempty"`
+}
+
+// saveNetwork is spec as a record keeps it.
+func saveNetwork(spec NetworkSpec) *savedNetwork {
+	return &savedNetwork{AllowedHosts: slices.Clone(spec.AllowedHosts), Policy: spec.Policy, BaseURLs: maps.Clone(spec.BaseURLs)}
+}
+
+// spec is the network a record kept; none kept is the zero spec (the
+// service's hosts and base URLs alone).
+func (n *savedNetwork) spec() NetworkSpec {
+	if n == nil {
+		return NetworkSpec{}
+	}
+	return NetworkSpec{AllowedHosts: slices.Clone(n.AllowedHosts), Policy: n.Policy, BaseURLs: maps.Clone(n.BaseURLs)}
 }
 
 // baseRecord is the template layer a snapshot is a delta onto, or nil.
@@ -108,8 +187,8 @@ func (r *record) baseRecord() *record {
 	return &record{Layer: r.Base, Digest: r.BaseDigest, Template: r.Template}
 }
 
-func (m *Manager) suspendedInfo(id string, r *record) Info {
-	inf := Info{ID: id, State: Suspended, Created: r.Created, LayerBytes: r.Size, Template: r.Template, Limits: m.effectiveLimits(r.Limits)}
+func (r *record) info(id string) Info {
+	inf := Info{ID: id, State: Suspended, Created: r.Created, LayerBytes: r.Size, Template: r.Template, SuspendedBy: r.reason()}
 	for _, mr := range r.Modules {
 		inf.Modules = append(inf.Modules, ModuleInfo{Name: mr.Name, Digest: mr.Digest})
 	}
@@ -401,13 +480,14 @@ func (m *Manager) saveLayer(ctx context.Context, layer io.ReadCloser, key, id st
 
 // saveSnapshot exports a running sandbox's layer, saves it under a new
 // generation and points its record at it, if the record is still the one
-// this service last read or wrote.
-func (m *Manager) saveSnapshot(ctx context.Context, b *box) (*record, error) {
+// this service last read or wrote. The record keeps its network and why
+// it is suspended.
+func (m *Manager) saveSnapshot(ctx context.Context, b *box, reason SuspendReason) (*record, error) {
 	refs, err := m.saveModules(ctx, b.modules)
 	if err != nil {
 		return nil, err
 	}
-	rec, err := m.saveSnapshotOf(ctx, b.id, b.created, b.template, b.base, refs, b.limits, b.recGen)
+	rec, err := m.saveSnapshotOf(ctx, b.id, b.created, b.template, b.base, refs, b.recGen, recordMeta{Network: saveNetwork(b.spec), Reason: reason, Limits: b.limits})
 	if err != nil {
 		return nil, err
 	}
@@ -415,9 +495,17 @@ func (m *Manager) saveSnapshot(ctx context.Context, b *box) (*record, error) {
 	return rec, nil
 }
 
+// recordMeta is what a save keeps in the record beside the layer: the
+// sandbox's network and why it is suspended.
+type recordMeta struct {
+	Network *savedNetwork
+	Reason  SuspendReason
+	Limits  Limits
+}
+
 // saveSnapshotOf saves sandbox id's layer as its snapshot. Its record is
 // written only if it is at generation gen (0: only if there is none).
-func (m *Manager) saveSnapshotOf(ctx context.Context, id string, created time.Time, template string, base *record, modules []moduleRef, limits Limits, gen int64) (*record, error) {
+func (m *Manager) saveSnapshotOf(ctx context.Context, id string, created time.Time, template string, base *record, modules []moduleRef, gen int64, meta recordMeta) (*record, error) {
 	layer, err := m.exportLayer(ctx, id)
 	if err != nil {
 		return nil, err
@@ -427,7 +515,8 @@ func (m *Manager) saveSnapshotOf(ctx context.Context, id string, created time.Ti
 	if err != nil {
 		return nil, err
 	}
-	rec := &record{Layer: key, Digest: man.Digest, Size: man.Size, Template: template, Created: created, Saved: time.Now().UTC(), Modules: modules, Limits: limits}
+	rec := &record{Layer: key, Digest: man.Digest, Size: man.Size, Template: template, Created: created, Saved: time.Now().UTC(), Modules: modules,
+		Network: meta.Network, Reason: meta.Reason, Limits: meta.Limits}
 	if base != nil {
 		rec.Base, rec.BaseDigest = base.Layer, base.Digest
 	}

@@ -62,8 +62,9 @@ type Sandbox struct {
 	opts  Options
 	log   *slog.Logger
 
-	ctx    context.Context // the sandbox's lifetime: ends at Destroy
-	cancel context.CancelCauseFunc
+	ctx     context.Context // the sandbox's lifetime: ends at Destroy
+	cancel  context.CancelCauseFunc
+	started time.Time // when it started running (here: created, resumed, forked)
 
 	mu       sync.Mutex
 	cur      *agent.Client
@@ -82,6 +83,7 @@ type Sandbox struct {
 	pmu       sync.Mutex
 	procs     map[string]*Process
 	portsOpen map[int]int
+	terms     map[string]*term // its terminals, by key (terminal.go)
 
 	baseURLs atomic.Pointer[map[string]string]
 
@@ -129,7 +131,7 @@ func start(ctx context.Context, l *Launcher, proxy *relay.Proxy, id string, opts
 		return nil, err
 	}
 	s := &Sandbox{id: id, l: l, proxy: proxy, opts: opts, log: l.log.With("sandbox", id), ready: make(chan struct{}),
-		procs: map[string]*Process{}, portsOpen: map[int]int{}}
+		procs: map[string]*Process{}, portsOpen: map[int]int{}, started: time.Now()}
 	s.touch()
 	s.relay = relay.NewTenant(id, opts.Policy, opts.Transforms)
 	if opts.Modules != nil {
@@ -727,6 +729,36 @@ func (s *Sandbox) addProcess(p *Process) {
 	s.pmu.Lock()
 	s.procs[p.id] = p
 	s.pmu.Unlock()
+}
+
+// addTerminal records a terminal under its key, unless one is there.
+func (s *Sandbox) addTerminal(t *term) bool {
+	s.pmu.Lock()
+	defer s.pmu.Unlock()
+	if s.terms == nil {
+		s.terms = map[string]*term{}
+	}
+	if s.terms[t.key] != nil {
+		return false
+	}
+	s.terms[t.key] = t
+	return true
+}
+
+// removeTerminal forgets terminal t.
+func (s *Sandbox) removeTerminal(t *term) {
+	s.pmu.Lock()
+	defer s.pmu.Unlock()
+	if s.terms[t.key] == t {
+		delete(s.terms, t.key)
+	}
+}
+
+// terminal is the live terminal of that key, or nil.
+func (s *Sandbox) terminal(key string) *term {
+	s.pmu.Lock()
+	defer s.pmu.Unlock()
+	return s.terms[key]
 }
 
 // process returns the command of that id, or nil.

@@ -26,6 +26,7 @@ type Backend interface {
 	Exec(ctx context.Context, id string, req appliance.ExecRequest) (*appliance.Process, error)
 	Process(id, pid string) (*appliance.Process, error)
 	OpenTerminal(ctx context.Context, id string, req appliance.TerminalRequest) (*appliance.Terminal, error)
+	AttachTerminal(ctx context.Context, id, key string, from int64, alive func(context.Context) error) (*appliance.Terminal, error)
 
 	CreateSession(ctx context.Context, id, name string, s appliance.Session) error
 	Session(ctx context.Context, id, name string) (appliance.Session, error)

@@ -290,9 +290,11 @@ func (b *Bridge) authorize(r *http.Request) error {
 }
 
 // ensure makes sandbox id run, as the contract's pool does before any
-// route under an id: running, it is used as it is; suspended, it is
-// resumed (with the bridge's network); unknown, it is created when create
-// says so (any well-formed id may be used without POST /v1/sandbox).
+// route under an id: running, it is used as it is; suspended (for
+// whatever reason: the contract knows no suspended sandbox), it is
+// resumed with the network kept with it, or the bridge's when none was
+// kept; unknown, it is created when create says so (any well-formed id
+// may be used without POST /v1/sandbox).
 func (b *Bridge) ensure(ctx context.Context, id string, create bool) error {
 	var err error
 	for range 4 {
@@ -302,7 +304,8 @@ func (b *Bridge) ensure(ctx context.Context, id string, create bool) error {
 		case err == nil && in.State == appliance.Running:
 			return nil
 		case err == nil && in.State == appliance.Suspended:
-			_, err = b.b.Resume(ctx, id, appliance.ResumeOptions{Network: b.cfg.Network, Agent: b.agent(id), Dirs: b.dirs(id)})
+			// A suspended sandbox describes the network kept with it.
+			_, err = b.b.Resume(ctx, id, appliance.ResumeOptions{Network: b.cfg.Network, KeepNetwork: in.Policy != nil, Agent: b.agent(id), Dirs: b.dirs(id)})
 			if !errors.Is(err, appliance.ErrNotFound) {
 				return err
 			}

@@ -7,9 +7,7 @@ import (
 	"errors"
 	"io"
 	"io/fs"
-	"maps"
 	"net/http"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -31,7 +29,10 @@ const keepAlive = 25 * time.Second
 // events: stdout and stderr (base64), then exit {"exit_code":N}, or error
 // {"error","code"}. The command outlives the stream: closing it does not
 // stop the command (DELETE /v1/sandbox/{id} does), and its output stays
-// readable from its X-Process-Id.
+// readable from its X-Process-Id. With a Session-Id it runs in that
+// session's shell (made on first use in /workspace, as the contract's
+// container makes it), after the session's command before it: a stream
+// that must wait for its turn starts at once, and keeps alive meanwhile.
 func (b *Bridge) exec(w http.ResponseWriter, r *http.Request) error {
 	id := r.PathValue("id")
 	sid, err := sessionHeader(r)
@@ -52,37 +53,49 @@ func (b *Bridge) exec(w http.ResponseWriter, r *http.Request) error {
 	if err := b.ensure(r.Context(), id, true); err != nil {
 		return err
 	}
-	var sess appliance.Session
+	ereq := appliance.ExecRequest{Args: shellArgs(req.argv), Dir: Workspace, MissingDirFails: true, Timeout: req.timeout}
+	if req.cwd != "" {
+		ereq.Dir = req.cwd
+	}
+	var s *sseStream
+	stopWait := func() {}
 	if sid != "" {
-		// A session not created yet is one with the defaults, as the
+		// A session not created yet is made with the defaults, as the
 		// contract's container makes it on demand.
-		if sess, err = b.b.Session(r.Context(), id, sid); err != nil && !errors.Is(err, appliance.ErrNotFound) {
+		if _, err := b.b.Session(r.Context(), id, sid); errors.Is(err, appliance.ErrNotFound) {
+			if err := b.b.CreateSession(r.Context(), id, sid, appliance.Session{Dir: Workspace}); err != nil && !errors.Is(err, appliance.ErrExists) {
+				return err
+			}
+		} else if err != nil {
 			return err
 		}
+		ereq.Args, ereq.Dir, ereq.Session = req.argv, req.cwd, sid
+		ereq.Queued = func() {
+			s = startSSE(w)
+			stopWait = s.keepAlive(keepAlive)
+		}
 	}
-	dir := Workspace
-	if sess.Dir != "" {
-		dir = sess.Dir
-	}
-	if req.cwd != "" {
-		dir = req.cwd
-	}
-	env := make([]string, 0, len(sess.Env))
-	for _, k := range slices.Sorted(maps.Keys(sess.Env)) {
-		env = append(env, k+"="+sess.Env[k])
-	}
-	p, err := b.b.Exec(r.Context(), id, appliance.ExecRequest{
-		Args: shellArgs(req.argv), Env: env, Dir: dir, MissingDirFails: true, Timeout: req.timeout,
-	})
-	if err != nil && callerFault(err) {
+	p, err := b.b.Exec(r.Context(), id, ereq)
+	stopWait()
+	if err != nil && callerFault(err) && s == nil {
 		return err
 	}
-	if p != nil {
-		w.Header().Set(HeaderProcessID, p.ID())
+	if s == nil {
+		if p != nil {
+			w.Header().Set(HeaderProcessID, p.ID())
+		}
+		s = startSSE(w)
+	} else if p != nil {
+		// The headers went out while it waited: the process id travels
+		// as a comment, which the contract's clients skip.
+		s.comment(HeaderProcessID + ": " + p.ID())
 	}
-	s := startSSE(w)
 	if err != nil {
-		s.event("error", errorEvent("exec failed: "+err.Error(), codeExecTransport))
+		code := codeExecTransport
+		if callerFault(err) {
+			code = codeInvalid
+		}
+		s.event("error", errorEvent("exec failed: "+err.Error(), code))
 		return nil
 	}
 	b.follow(r.Context(), s, p, 0)
@@ -219,6 +232,17 @@ func (s *sseStream) flush() {
 
 // keepAlive writes a comment every d while the stream is otherwise
 // silent, until stop.
+// comment writes an SSE comment line.
+func (s *sseStream) comment(text string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.broken {
+		if _, err := io.WriteString(s.w, ": "+text+"\n\n"); err != nil || s.rc.Flush() != nil {
+			s.broken = true
+		}
+	}
+}
+
 func (s *sseStream) keepAlive(d time.Duration) (stop func()) {
 	done := make(chan struct{})
 	finished := make(chan struct{})
@@ -231,13 +255,7 @@ func (s *sseStream) keepAlive(d time.Duration) (stop func()) {
 			case <-done:
 				return
 			case <-t.C:
-				s.mu.Lock()
-				if !s.broken {
-					if _, err := io.WriteString(s.w, ": keep-alive\n\n"); err != nil || s.rc.Flush() != nil {
-						s.broken = true
-					}
-				}
-				s.mu.Unlock()
+				s.comment("keep-alive")
 			}
 		}
 	}()

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/coder/websocket"
@@ -29,10 +30,8 @@ import (
 //	server → {"type":"exit","code":N}               (text, last), then a normal close
 //	server → {"type":"error","message":"…"}         (text, when the terminal fails)
 //
-// Unlike the contract's container, the shell does not outlive the
-// WebSocket: a client that goes away hangs the terminal up (its shell is
-// killed), and a reconnect gets a new shell. Nothing of a terminal is kept
-// for anyone to replay.
+// As in the contract's container, the shell outlives a WebSocket that
+// goes away, for a while (pty's doc says how long, and what is replayed).
 const (
 	// ptyMaxMessage bounds a message from the client (a paste).
 	ptyMaxMessage = 1 << 20
@@ -120,10 +119,25 @@ func parseResize(data []byte) (size appliance.TermSize, ok bool) {
 	return appliance.TermSize{Cols: clamp(*m.Cols), Rows: clamp(*m.Rows)}, true
 }
 
+// ptyKey names a session's terminal (the sandbox's own terminal without
+// one), as the contract's container keeps one per session.
+func ptyKey(session string) string {
+	if session == "" {
+		return "bridge"
+	}
+	return "bridge-session:" + session
+}
+
 // pty runs a shell on a terminal in the sandbox (made on first use, as
 // every route under an id) and carries it over a WebSocket. The shell
 // starts in the session's directory with its variables (/workspace
-// without one), TERM=xterm-256color unless the session sets it.
+// without one), TERM=xterm-256color unless the session sets it. A
+// session's terminal (the sandbox's own without a session) outlives a
+// client that goes away for the service's grace (SANDGATE_PTY_GRACE):
+// a client that connects again within it gets what the terminal kept of
+// its output (the last 256 KiB) in one message before ready, and the
+// terminal from there on; past it, the shell is hung up, and the next
+// connection gets a new one.
 func (b *Bridge) pty(w http.ResponseWriter, r *http.Request) error {
 	id := r.PathValue("id")
 	if !strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
@@ -136,54 +150,63 @@ func (b *Bridge) pty(w http.ResponseWriter, r *http.Request) error {
 	if err := b.ensure(r.Context(), id, true); err != nil {
 		return err
 	}
-	var sess appliance.Session
-	if q.session != "" {
-		if sess, err = b.b.Session(r.Context(), id, q.session); err != nil && !errors.Is(err, appliance.ErrNotFound) {
-			return err
+	ctx := r.Context()
+	var live wsconn.Liveness
+	alive := live.Alive
+	key := ptyKey(q.session)
+	term, err := b.b.AttachTerminal(ctx, id, key, 0, alive)
+	back := err == nil
+	for range 2 {
+		if !errors.Is(err, appliance.ErrNotFound) {
+			break
+		}
+		if term, err = b.openTerminal(ctx, id, key, q, alive); errors.Is(err, appliance.ErrExists) {
+			// Another connection made it meanwhile: attach to it.
+			term, err = b.b.AttachTerminal(ctx, id, key, 0, alive)
+			back = err == nil
 		}
 	}
-	dir := Workspace
-	if sess.Dir != "" {
-		dir = sess.Dir
-	}
-	env := make([]string, 0, len(sess.Env)+1)
-	if _, ok := sess.Env["TERM"]; !ok {
-		env = append(env, "TERM=xterm-256color")
-	}
-	for _, k := range slices.Sorted(maps.Keys(sess.Env)) {
-		env = append(env, k+"="+sess.Env[k])
-	}
-	term, err := b.b.OpenTerminal(r.Context(), id, appliance.TerminalRequest{Args: q.shell, Env: env, Dir: dir, Size: q.size})
 	if err != nil {
 		return err
 	}
-	defer term.Close()
 	// No Origin check: the key stands in front, and a browser page cannot
 	// send it in a WebSocket handshake.
 	ws, err := websocket.Accept(w, r, &websocket.AcceptOptions{InsecureSkipVerify: true})
 	if err != nil {
+		term.Detach()
 		return nil // Accept wrote the refusal
 	}
 	defer ws.CloseNow()
+	live.Set(ws)
 	ws.SetReadLimit(ptyMaxMessage)
-	ctx := r.Context()
 	send := func(m ptyMessage) error {
 		data, _ := json.Marshal(m)
 		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
 		return ws.Write(wctx, websocket.MessageText, data)
 	}
+	if back {
+		// What the terminal kept, in one message, then ready: what the
+		// contract's xterm add-on draws again after it cleared its screen.
+		if data := term.Replay(); len(data) > 0 && ws.Write(ctx, websocket.MessageBinary, data) != nil {
+			term.Detach()
+			return nil
+		}
+	}
 	if send(ptyMessage{Type: "ready"}) != nil {
+		term.Detach()
 		return nil
 	}
 
+	var left atomic.Bool
 	input := make(chan struct{})
 	go func() {
 		defer close(input)
 		for {
 			typ, data, err := ws.Read(ctx)
 			if err != nil {
-				term.Close() // the client is gone: hang up
+				left.Store(true)
+				term.Detach() // the client is gone: it may come back
 				return
 			}
 			if typ == websocket.MessageText {
@@ -198,19 +221,47 @@ func (b *Bridge) pty(w http.ResponseWriter, r *http.Request) error {
 			}
 		}
 	}()
-	if wsconn.Send(ctx, ws, term, ptyChunk) != nil {
-		term.Close() // the caller is gone: hang up
-	}
-	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	code, err := term.Wait(wctx)
-	cancel()
-	if err != nil {
-		send(ptyMessage{Type: "error", Message: "terminal failed: " + err.Error()})
-	}
-	if send(ptyMessage{Type: "exit", Code: &code}) == nil {
+	sendErr := wsconn.Send(ctx, ws, term, ptyChunk)
+	switch {
+	case term.Taken():
+		send(ptyMessage{Type: "error", Message: "terminal failed: " + appliance.ErrTerminalTaken.Error()})
 		ws.Close(websocket.StatusNormalClosure, "")
+	case sendErr != nil:
+		term.Detach()
+	case left.Load():
+	default: // the shell ended: the next connection gets a new one
+		code, err := term.Finish(ctx)
+		if err != nil {
+			send(ptyMessage{Type: "error", Message: "terminal failed: " + err.Error()})
+		}
+		if send(ptyMessage{Type: "exit", Code: &code}) == nil {
+			ws.Close(websocket.StatusNormalClosure, "")
+		}
 	}
 	ws.CloseNow()
 	<-input
 	return nil
+}
+
+// openTerminal starts the shell of a session's terminal.
+func (b *Bridge) openTerminal(ctx context.Context, id, key string, q ptyQuery, alive func(context.Context) error) (*appliance.Terminal, error) {
+	var sess appliance.Session
+	if q.session != "" {
+		var err error
+		if sess, err = b.b.Session(ctx, id, q.session); err != nil && !errors.Is(err, appliance.ErrNotFound) {
+			return nil, err
+		}
+	}
+	dir := Workspace
+	if sess.Dir != "" {
+		dir = sess.Dir
+	}
+	env := make([]string, 0, len(sess.Env)+1)
+	if _, ok := sess.Env["TERM"]; !ok {
+		env = append(env, "TERM=xterm-256color")
+	}
+	for _, k := range slices.Sorted(maps.Keys(sess.Env)) {
+		env = append(env, k+"="+sess.Env[k])
+	}
+	return b.b.OpenTerminal(ctx, id, appliance.TerminalRequest{Args: q.shell, Env: env, Dir: dir, Size: q.size, Key: key, Alive: alive})
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -34,11 +35,19 @@ func dialTerm(t *testing.T, c *client, id, query string, hdr ...string) *term {
 		t.Fatalf("dial the terminal: %v (%v)", err, resp)
 	}
 	tm := &term{t: t, ws: ws}
-	typ, data, err := ws.Read(ctx)
-	if err != nil || typ != websocket.MessageText || string(data) != `{"type":"ready"}` {
-		t.Fatalf("first message: %v %q %v, want {\"type\":\"ready\"}", typ, data, err)
+	// What a terminal kept, when it is one the client comes back to, in
+	// one message; then ready.
+	for i := 0; ; i++ {
+		typ, data, err := ws.Read(ctx)
+		if err == nil && typ == websocket.MessageBinary && i == 0 {
+			tm.out.Write(data)
+			continue
+		}
+		if err != nil || typ != websocket.MessageText || string(data) != `{"type":"ready"}` {
+			t.Fatalf("message %d: %v %q %v, want {\"type\":\"ready\"}", i, typ, data, err)
+		}
+		return tm
 	}
-	return tm
 }
 
 func (tm *term) send(typ websocket.MessageType, s string) {
@@ -124,33 +133,67 @@ func TestTerminal(t *testing.T) {
 	}
 }
 
-// A client that goes away hangs the terminal up: its shell and what runs
-// in its foreground are killed, not left running in the sandbox.
-func TestTerminalHangUp(t *testing.T) {
+// A client that goes away (its WebSocket dropped mid-output) used to hang
+// the terminal up. Now, as the contract's container does, the shell runs
+// on: a client that connects again within the grace gets what the
+// terminal kept, in one message before ready (the xterm add-on clears
+// its screen and draws it again), each byte once, then the terminal from
+// there on: the same shell. While it is attached and answers, another
+// client is refused. A client that closes it hangs it up after the grace
+// (TestTerminalPastItsGraceIsHungUp, api/service).
+func TestTerminalReconnectReplays(t *testing.T) {
 	_, base := stack(t)
 	c := &client{t: t, base: base, key: testKey}
 	id := c.create()
 	defer c.must(204, "DELETE", "/v1/sandbox/"+id, nil)
-	tm := dialTerm(t, c, id, "")
-	tm.send(websocket.MessageBinary, "sleep 1000 & wait\n")
-	tm.until("\n")
-	// The sleep's pid, from outside the terminal.
-	var pid int
-	for i := 0; pid == 0; i++ {
-		if i == 600 {
-			t.Fatal("no sleep 1000 in the sandbox after a minute")
-		}
-		res := c.exec(id, map[string]any{"argv": []string{"sh", "-c", "pgrep -x sleep || true"}})
-		pid, _ = strconv.Atoi(strings.TrimSpace(res.stdout))
-		if pid == 0 {
-			time.Sleep(100 * time.Millisecond)
+	tm := dialTerm(t, c, id, "?cols=200&session=keep")
+	tm.send(websocket.MessageBinary, "printf 'start:%s.\\n' $$\n")
+	shown := regexp.MustCompile(`start:([0-9]+)\.\r\n`)
+	for i := 0; shown.FindStringSubmatch(tm.out.String()) == nil; i++ {
+		tm.until(".\r\n")
+		if i > 100 {
+			t.Fatalf("the shell's pid: %q", tm.out.String())
 		}
 	}
-	tm.ws.CloseNow()
-	res := c.exec(id, map[string]any{"argv": []string{"sh", "-c", "tail --pid=" + strconv.Itoa(pid) + " -f /dev/null; echo gone"}, "timeout_ms": 120000})
-	if res.stdout != "gone\n" {
-		t.Errorf("the terminal's command after its client went away: %+v", res)
+	pid := shown.FindStringSubmatch(tm.out.String())[1]
+	tm.send(websocket.MessageBinary, "sleep 0.2; seq 1 3000; printf 'done:%s.\\n' $$\n")
+	tm.ws.CloseNow() // mid-output: what comes now goes to no client
+
+	back := dialTerm(t, c, id, "?session=keep")
+	back.until("done:" + pid + ".")
+	got := back.out.String()
+	if strings.Count(got, "start:"+pid+".\r\n") != 1 || strings.Count(got, "\r\n1500\r\n") != 1 || !strings.Contains(got, "\r"+seqLines(3000)+"done:"+pid+".") {
+		t.Errorf("a client that came back got (replay and what followed) %d bytes ending %q; want the terminal's output since it started, each line once, from the same shell", len(got), got[max(0, len(got)-200):])
 	}
+	// One client at a time: another is refused while this one answers
+	// (its pings, which it answers while it reads).
+	reading := make(chan struct{})
+	go func() {
+		defer close(reading)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		for {
+			if _, _, err := back.ws.Read(ctx); err != nil {
+				return
+			}
+		}
+	}()
+	ws := []string{"Upgrade", "websocket", "Connection", "Upgrade", "Sec-WebSocket-Version", "13", "Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ=="}
+	resp, body := c.do(c.req("GET", "/v1/sandbox/"+id+"/pty?session=keep", nil, ws...))
+	if resp.StatusCode != 502 || !strings.Contains(string(body), "another client is attached") {
+		t.Errorf("a second client: %d %s, want the contract's terminal failure", resp.StatusCode, body)
+	}
+	back.ws.Close(websocket.StatusNormalClosure, "")
+	<-reading
+}
+
+// seqLines is what `seq 1 n` shows on a terminal.
+func seqLines(n int) string {
+	var b strings.Builder
+	for i := 1; i <= n; i++ {
+		b.WriteString(strconv.Itoa(i) + "\r\n")
+	}
+	return b.String()
 }
 
 // What the terminal refuses, before any shell starts, in the contract's

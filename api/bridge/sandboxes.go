@@ -70,6 +70,9 @@ func (b *Bridge) createSession(w http.ResponseWriter, r *http.Request) error {
 	if name == "" {
 		name = "session-" + time.Now().UTC().Format("20060102T150405.000000000")
 	}
+	if s.Dir == "" {
+		s.Dir = Workspace // the contract's container starts a session's shell there
+	}
 	if err := b.ensure(r.Context(), id, true); err != nil {
 		return err
 	}

@@ -63,7 +63,10 @@ func stack(t *testing.T) (*stacktest.Stack, string) {
 	}
 	shared.once.Do(func() {
 		shared.stack, shared.err = stacktest.Start(stacktest.Config{
-			Server: server.Config{Token: serviceToken},
+			// A terminal's client that comes back finds it, however
+			// loaded the machine.
+			Manager: func(mc *appliance.ManagerConfig) { mc.TerminalGrace = 10 * time.Minute },
+			Server:  server.Config{Token: serviceToken},
 			Bridge: bridge.Config{Key: testKey, MaxBody: testMaxBody,
 				Network: appliance.NetworkSpec{AllowedHosts: []string{"bridge-allowed.example.com"}}},
 		})

@@ -56,7 +56,9 @@ type CreateOptions struct {
 }
 
 // ResumeOptions is the network a resumed sandbox gets (it replaces what
-// it had) and the ports of the session.
+// it had) and the ports of the session. Without a network (no
+// AllowedHosts, not even an empty list, no NetworkPolicy, no BaseURLs) the
+// sandbox keeps its last one: Session.KeptNetwork says which.
 type ResumeOptions struct {
 	AllowedHosts  []string
 	NetworkPolicy *NetworkPolicy
@@ -73,6 +75,15 @@ type Session struct {
 
 	mu    sync.Mutex
 	ports []int
+	kept  *KeptNetwork // what a Resume without a network kept
+}
+
+// KeptNetwork is the network the sandbox kept when this session came from
+// a Resume given none; nil otherwise.
+func (s *Session) KeptNetwork() *KeptNetwork {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.kept
 }
 
 func checkPorts(ports []int) error {
@@ -217,8 +228,10 @@ func said(stderr []byte) string {
 
 // Resume starts a suspended sandbox again from its snapshot (or, if it
 // runs, takes it over), with the network given: it replaces the one it
-// had. It never creates one: a name with no sandbox is ErrSandboxNotFound.
-// A resumed sandbox has lost its request transformations.
+// had; given none, the sandbox keeps its last (Session.KeptNetwork says
+// which). It never creates one: a name with no sandbox is
+// ErrSandboxNotFound. A resumed sandbox has lost its request
+// transformations.
 func (c *Client) Resume(ctx context.Context, id string, opts ResumeOptions) (*Session, error) {
 	if err := checkName("sandbox", id); err != nil {
 		return nil, err
@@ -230,6 +243,9 @@ func (c *Client) Resume(ctx context.Context, id string, opts ResumeOptions) (*Se
 	if err != nil {
 		return nil, err
 	}
+	if len(body) == 0 {
+		body["keepNetwork"] = true // sandgate's: protocol 1's {} would give the service's network alone
+	}
 	var d api.Description
 	if _, err := c.doLong(ctx, call{route: routeResume, args: []string{id}, body: jsonBody(body)}, &d); err != nil {
 		if statusOf(err) == http.StatusNotFound {
@@ -237,12 +253,18 @@ func (c *Client) Resume(ctx context.Context, id string, opts ResumeOptions) (*Se
 		}
 		return nil, err
 	}
-	return c.newSession(d, opts.Ports), nil
+	s := c.newSession(d, opts.Ports)
+	if d.Network != nil {
+		s.kept = &KeptNetwork{Kept: d.Network.Kept, Policy: wirePolicy(d.Network.Policy), BaseURLs: d.Network.BaseURLs}
+	}
+	return s, nil
 }
 
 // Attach returns a session of a running sandbox as it is, changing
-// nothing of it (Resume replaces its network). A suspended one is
-// ErrSandboxNotRunning, a missing one ErrSandboxNotFound.
+// nothing of it (Resume replaces its network), or of one the service
+// suspended on its own (idle, say: SandboxInfo.Wakes), which its next
+// call wakes as it was. One its caller suspended is ErrSandboxNotRunning
+// (resume it), a missing one ErrSandboxNotFound.
 func (c *Client) Attach(ctx context.Context, id string, ports ...int) (*Session, error) {
 	if err := checkPorts(ports); err != nil {
 		return nil, err
@@ -251,7 +273,7 @@ func (c *Client) Attach(ctx context.Context, id string, ports ...int) (*Session,
 	if err != nil {
 		return nil, err
 	}
-	if in.State != "running" {
+	if in.State != "running" && !in.Wakes() {
 		return nil, fmt.Errorf("%w: sandbox %q is %s (resume it)", ErrSandboxNotRunning, id, in.State)
 	}
 	return c.newSession(api.Description{Name: in.Name, Home: in.Home, WorkingDirectory: in.WorkingDirectory}, ports), nil
@@ -278,21 +300,14 @@ func (c *Client) info(ctx context.Context, id string) (SandboxInfo, error) {
 
 func sandboxInfo(in api.Sandbox) SandboxInfo {
 	out := SandboxInfo{Name: in.Name, State: in.State, Created: in.Created, LayerBytes: in.LayerBytes, Template: in.Template,
-		OpenPorts: in.Ports, BaseURLs: in.BaseURLs, Home: in.Home, WorkingDirectory: in.WorkDir, Shard: in.Shard}
+		OpenPorts: in.Ports, BaseURLs: in.BaseURLs, Home: in.Home, WorkingDirectory: in.WorkDir, Shard: in.Shard, SuspendedBy: in.SuspendedBy}
 	if in.LastActive != nil {
 		out.LastActive = *in.LastActive
 	}
 	for _, m := range in.Modules {
 		out.Modules = append(out.Modules, ModuleInfo{Name: m.Name, Digest: m.Digest, Bytes: m.Bytes})
 	}
-	if in.Policy != nil {
-		if b, err := json.Marshal(in.Policy); err == nil {
-			var p NetworkPolicy
-			if json.Unmarshal(b, &p) == nil {
-				out.Policy = &p
-			}
-		}
-	}
+	out.Policy = wirePolicy(in.Policy)
 	if in.Limits != nil {
 		if b, err := json.Marshal(in.Limits); err == nil {
 			var l Limits
@@ -303,6 +318,23 @@ func sandboxInfo(in api.Sandbox) SandboxInfo {
 	}
 	out.Usage = in.Usage
 	return out
+}
+
+// wirePolicy is a policy as the service wrote it (nil for none, or one
+// this client cannot read).
+func wirePolicy(v any) *NetworkPolicy {
+	if v == nil {
+		return nil
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil
+	}
+	var p NetworkPolicy
+	if json.Unmarshal(b, &p) != nil {
+		return nil
+	}
+	return &p
 }
 
 // List describes every sandbox of the service, running or suspended.

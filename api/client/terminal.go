@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/coder/websocket"
 )
@@ -32,25 +34,43 @@ type TerminalOptions struct {
 // (Session.Terminal), over the service's PTY route: Read what the
 // terminal shows (io.EOF once the command ended), Write what is typed,
 // Resize it, Wait for the exit code, Close to hang up. Read it to the end:
-// output that nobody reads holds the command back.
+// output that nobody reads holds the command back. A connection that
+// drops is attached again (for up to ReattachWindow), from the byte the
+// output had reached: nothing is lost or shown twice.
 type Terminal struct {
-	ws     *websocket.Conn
-	ctx    context.Context // the connection's, ended by Close
+	s      *Session
+	cl     call
+	id     string          // the terminal's, from the 101 (none: an older service)
+	ctx    context.Context // the terminal's, ended by Close
 	cancel context.CancelFunc
 	out    *io.PipeReader
 	done   chan struct{}
+
+	mu  sync.Mutex
+	ws  *websocket.Conn
+	off int64 // output bytes received
 
 	code int
 	err  error // why the end is not an exit code; set before done closes
 	once sync.Once
 }
 
-// terminalEnd is the PTY route's last message.
+// ReattachWindow is how long a Terminal whose connection dropped tries to
+// attach to its terminal again (the service keeps it for
+// SANDGATE_PTY_GRACE, 30 s by default).
+const ReattachWindow = 30 * time.Second
+
+// terminalEnd is the PTY route's last message (or {"skipped": n} when
+// attaching again).
 type terminalEnd struct {
 	ExitCode *int   `json:"exitCode"`
 	Error    string `json:"error"`
 	Status   int    `json:"status"`
+	Skipped  *int64 `json:"skipped"`
 }
+
+// headerTerminal names the terminal in the PTY route's 101.
+const headerTerminal = "X-Sandgate-Terminal"
 
 // Terminal starts a command on a terminal of its own in the sandbox: a
 // pseudo-terminal its agent allocates, so that shells, editors and
@@ -60,26 +80,11 @@ func (s *Session) Terminal(ctx context.Context, opts TerminalOptions) (*Terminal
 	if opts.Command == "" {
 		return nil, errors.New("TerminalOptions.Command is empty: give a command line such as \"bash -l\"")
 	}
-	c := s.r.sb.c
 	cl := call{route: routePTY, args: []string{s.ID()}}
-	_, p := cl.path()
-	u := *c.base
-	u.Scheme = map[string]string{"http": "ws", "https": "wss"}[u.Scheme]
-	h := http.Header{}
-	if err := c.authorize(ctx, h); err != nil {
+	ws, id, err := s.dialTerminal(ctx, cl, "")
+	if err != nil {
 		return nil, err
 	}
-	ws, resp, err := websocket.Dial(ctx, u.String()+p, &websocket.DialOptions{HTTPClient: c.hc, HTTPHeader: h})
-	if err != nil {
-		if resp != nil && resp.StatusCode != http.StatusSwitchingProtocols {
-			if resp.Body == nil {
-				resp.Body = io.NopCloser(strings.NewReader(""))
-			}
-			return nil, s.notRunning(c.errorOf(cl, resp))
-		}
-		return nil, fmt.Errorf("%s: %w", cl, err)
-	}
-	ws.SetReadLimit(1 << 20)
 	start := map[string]any{"command": opts.Command}
 	if opts.WorkingDirectory != "" {
 		start["workingDirectory"] = opts.WorkingDirectory
@@ -96,32 +101,74 @@ func (s *Session) Terminal(ctx context.Context, opts TerminalOptions) (*Terminal
 	}
 	tctx, cancel := context.WithCancel(context.Background())
 	pr, pw := io.Pipe()
-	t := &Terminal{ws: ws, ctx: tctx, cancel: cancel, out: pr, done: make(chan struct{})}
-	go t.read(pw, cl)
+	t := &Terminal{s: s, cl: cl, id: id, ws: ws, ctx: tctx, cancel: cancel, out: pr, done: make(chan struct{})}
+	go t.read(pw)
 	return t, nil
 }
 
+// dialTerminal opens the PTY route (query: "" for a new terminal), and
+// says which terminal it carries.
+func (s *Session) dialTerminal(ctx context.Context, cl call, query string) (*websocket.Conn, string, error) {
+	c := s.r.sb.c
+	_, p := cl.path()
+	u := *c.base
+	u.Scheme = map[string]string{"http": "ws", "https": "wss"}[u.Scheme]
+	h := http.Header{}
+	if err := c.authorize(ctx, h); err != nil {
+		return nil, "", err
+	}
+	ws, resp, err := websocket.Dial(ctx, u.String()+p+query, &websocket.DialOptions{HTTPClient: c.hc, HTTPHeader: h})
+	if err != nil {
+		if resp != nil && resp.StatusCode != http.StatusSwitchingProtocols {
+			if resp.Body == nil {
+				resp.Body = io.NopCloser(strings.NewReader(""))
+			}
+			return nil, "", s.notRunning(c.errorOf(cl, resp))
+		}
+		return nil, "", fmt.Errorf("%s: %w", cl, err)
+	}
+	ws.SetReadLimit(1 << 20)
+	return ws, resp.Header.Get(headerTerminal), nil
+}
+
+func (t *Terminal) conn() *websocket.Conn {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.ws
+}
+
 // read hands the terminal's output on until the service's last message
-// and the close after it.
-func (t *Terminal) read(pw *io.PipeWriter, cl call) {
+// and the close after it, attaching again when the connection drops.
+func (t *Terminal) read(pw *io.PipeWriter) {
 	defer close(t.done)
 	ended := false
 	for {
-		typ, data, err := t.ws.Read(t.ctx)
+		typ, data, err := t.conn().Read(t.ctx)
 		if err != nil {
+			if !ended && t.ctx.Err() == nil && t.id != "" && websocket.CloseStatus(err) == -1 && t.reattach() {
+				continue
+			}
 			if !ended {
-				t.code, t.err = -1, fmt.Errorf("%s: the connection ended before the command did: %w", cl, err)
+				t.code, t.err = -1, fmt.Errorf("%s: the connection ended before the command did: %w", t.cl, err)
 			}
 			pw.Close()
 			return
 		}
 		switch typ {
 		case websocket.MessageBinary:
+			t.mu.Lock()
+			t.off += int64(len(data))
+			t.mu.Unlock()
 			pw.Write(data) // fails only once Close dropped the output
 		case websocket.MessageText:
 			var end terminalEnd
 			if err := json.Unmarshal(data, &end); err != nil {
-				t.code, t.err, ended = -1, fmt.Errorf("%s: a message that is not the terminal's end: %q", cl, data), true
+				t.code, t.err, ended = -1, fmt.Errorf("%s: a message that is not the terminal's end: %q", t.cl, data), true
+				continue
+			}
+			if end.Skipped != nil && end.ExitCode == nil && end.Error == "" {
+				// Output lost while the connection was down (older than
+				// what the service keeps): not an end.
 				continue
 			}
 			ended = true
@@ -131,10 +178,41 @@ func (t *Terminal) read(pw *io.PipeWriter, cl call) {
 			case end.ExitCode != nil:
 				t.code, t.err = *end.ExitCode, errors.New(end.Error)
 			default:
-				t.code, t.err = -1, &ServiceError{Request: cl.String(), Status: end.Status, Message: end.Error}
+				t.code, t.err = -1, &ServiceError{Request: t.cl.String(), Status: end.Status, Message: end.Error}
 			}
 		}
 	}
+}
+
+// reattach attaches to the terminal again after its connection dropped,
+// from the output byte reached, retrying (with backoff) for up to
+// ReattachWindow while the service may still keep it.
+func (t *Terminal) reattach() bool {
+	giveUp := time.Now().Add(ReattachWindow)
+	for wait := 100 * time.Millisecond; time.Now().Before(giveUp); wait = min(2*wait, 5*time.Second) {
+		t.mu.Lock()
+		query := fmt.Sprintf("?terminal=%s&offset=%d", url.QueryEscape(t.id), t.off)
+		t.mu.Unlock()
+		ctx, cancel := context.WithTimeout(t.ctx, 30*time.Second)
+		ws, _, err := t.s.dialTerminal(ctx, t.cl, query)
+		cancel()
+		if err == nil {
+			t.mu.Lock()
+			t.ws = ws
+			t.mu.Unlock()
+			return true
+		}
+		var se *ServiceError
+		if errors.As(err, &se) || t.ctx.Err() != nil {
+			return false // the service answered: gone, or taken by another client
+		}
+		select {
+		case <-time.After(wait):
+		case <-t.ctx.Done():
+			return false
+		}
+	}
+	return false
 }
 
 // Read reads what the terminal shows: io.EOF once the command ended and
@@ -143,7 +221,7 @@ func (t *Terminal) Read(p []byte) (int, error) { return t.out.Read(p) }
 
 // Write types p into the terminal.
 func (t *Terminal) Write(p []byte) (int, error) {
-	if err := t.ws.Write(t.ctx, websocket.MessageBinary, p); err != nil {
+	if err := t.conn().Write(t.ctx, websocket.MessageBinary, p); err != nil {
 		return 0, err
 	}
 	return len(p), nil
@@ -151,7 +229,7 @@ func (t *Terminal) Write(p []byte) (int, error) {
 
 // Resize changes the terminal's size (the command gets SIGWINCH).
 func (t *Terminal) Resize(rows, cols uint16) error {
-	return t.ws.Write(t.ctx, websocket.MessageText, jsonBody(map[string]any{"resize": map[string]uint16{"rows": rows, "cols": cols}}))
+	return t.conn().Write(t.ctx, websocket.MessageText, jsonBody(map[string]any{"resize": map[string]uint16{"rows": rows, "cols": cols}}))
 }
 
 // Wait waits for the command's end and returns its exit code (128+N for
@@ -172,7 +250,7 @@ func (t *Terminal) Wait(ctx context.Context) (int, error) {
 // service.
 func (t *Terminal) Close() error {
 	t.once.Do(func() {
-		t.ws.Close(websocket.StatusNormalClosure, "")
+		t.conn().Close(websocket.StatusNormalClosure, "")
 		t.cancel()
 		t.out.CloseWithError(io.ErrClosedPipe)
 	})

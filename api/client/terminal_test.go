@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"reflect"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -322,5 +323,48 @@ func TestProgress(t *testing.T) {
 		if last.Bytes <= 0 || last.Total < 8<<20 {
 			t.Errorf("%s: last progress %+v, want bytes and a total of at least the 8 MiB file", step, last)
 		}
+	}
+}
+
+// A terminal whose connection dropped ended with it (the service hung it
+// up). Now the client attaches to it again, from the byte its output had
+// reached: the command runs on, and every byte it shows arrives once.
+func TestTerminalReattachesAfterADrop(t *testing.T) {
+	cut := &cutter{}
+	c := newClient(t, client.WithHTTPClient(&http.Client{Transport: &http.Transport{DialContext: cut.dial}}))
+	ctx := ctxT(t)
+	s := create(t, c, client.CreateOptions{})
+	term, err := s.Terminal(ctx, client.TerminalOptions{Command: `echo one; read a; echo "two-$a"; seq 1 3000; read b; echo "end-$b"`})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer term.Close()
+	out := readTerminal(term)
+	out.until(t, "one\r\n")
+	cut.cut() // the network drops the connection
+	// What is typed while it is down fails; once attached again, it goes in.
+	for i := 0; ; i++ {
+		if _, err := io.WriteString(term, "x\r"); err == nil {
+			break
+		}
+		if i == 600 {
+			t.Fatal("a minute after the drop, the terminal takes no input")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	out.until(t, "3000\r\n")
+	io.WriteString(term, "y\r")
+	if code, err := term.Wait(ctx); code != 0 || err != nil {
+		t.Fatalf("exit: %d %v", code, err)
+	}
+	<-out.done
+	var want strings.Builder
+	want.WriteString("one\r\nx\r\ntwo-x\r\n")
+	for i := 1; i <= 3000; i++ {
+		want.WriteString(strconv.Itoa(i) + "\r\n")
+	}
+	want.WriteString("y\r\nend-y\r\n")
+	if got := out.buf.String(); got != want.String() {
+		t.Errorf("the terminal across a drop showed %d bytes, want %d: each byte once", len(got), want.Len())
 	}
 }

@@ -428,3 +428,29 @@ func TestMetadataIdentity(t *testing.T) {
 		t.Errorf("Authorization %q, audiences %q (want the service's URL)", auth, audiences)
 	}
 }
+
+// Attach refused a sandbox the service had suspended on its own (idle),
+// so `sandgate exec` failed on it while the call itself would have woken
+// it. Now it attaches to one that wakes; one its caller suspended is
+// still ErrSandboxNotRunning.
+func TestAttachToASandboxTheServiceSuspended(t *testing.T) {
+	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set(api.HeaderProtocol, "1")
+		by := strings.TrimPrefix(r.URL.Path, "/v1/sandboxes/")
+		fmt.Fprintf(w, `{"name":%q,"state":"suspended","suspendedBy":%q,"created":"2026-01-01T00:00:00Z","layerBytes":1,"home":"/home/agent","workingDirectory":"/workspace"}`, by, by)
+	}))
+	defer hs.Close()
+	c, err := client.New(hs.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxT(t)
+	if s, err := c.Attach(ctx, "idle"); err != nil || s.ID() != "idle" {
+		t.Errorf("attaching to a sandbox suspended idle: %v", err)
+	}
+	for _, by := range []string{"caller", "x"} {
+		if _, err := c.Attach(ctx, by); !errors.Is(err, client.ErrSandboxNotRunning) {
+			t.Errorf("attaching to a sandbox suspended by %q: %v, want ErrSandboxNotRunning", by, err)
+		}
+	}
+}

@@ -183,12 +183,38 @@ type SandboxInfo struct {
 	// Shard is the shard running it, when several services share one
 	// store (WithShards).
 	Shard string `json:"shard,omitempty"`
+	// SuspendedBy says who suspended it (suspended sandboxes): "caller"
+	// (it stays suspended until resumed), or the service on its own
+	// ("idle", "shutdown", "recovery", "shard-lost"), when its next call
+	// wakes it.
+	SuspendedBy string `json:"suspendedBy,omitempty"`
 	// Limits are what it may take: its own (CreateOptions.Limits) over
 	// the service's defaults.
 	Limits *Limits `json:"limits,omitempty"`
 	// Usage is what it uses now: running sandboxes, where the service can
 	// read it (not on Google's sandbox CLI); nil otherwise.
 	Usage *Usage `json:"usage,omitempty"`
+}
+
+// Wakes says whether a suspended sandbox's next call wakes it: the
+// service suspended it on its own. One its caller suspended, or one
+// suspended by an older service, stays suspended until resumed.
+func (i SandboxInfo) Wakes() bool {
+	switch i.SuspendedBy {
+	case "idle", "shutdown", "recovery", "shard-lost":
+		return i.State == "suspended"
+	}
+	return false
+}
+
+// KeptNetwork is the network a Resume without one kept
+// (Session.KeptNetwork): the sandbox's last, or, when none was kept with
+// it (a snapshot of an older sandgate, or of the reference service), the
+// service's allowed hosts and base URLs alone (Kept false).
+type KeptNetwork struct {
+	Kept     bool
+	Policy   *NetworkPolicy
+	BaseURLs map[string]string
 }
 
 // Usage is what a running sandbox uses of the host now (the service's

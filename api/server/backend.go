@@ -30,6 +30,7 @@ type Backend interface {
 type lifecycleBackend interface {
 	Create(ctx context.Context, id string, opts appliance.CreateOptions) (*appliance.Sandbox, error)
 	Resume(ctx context.Context, id string, opts appliance.ResumeOptions) (*appliance.Sandbox, error)
+	Wake(ctx context.Context, id string, opts appliance.ResumeOptions) (bool, error)
 	Suspend(ctx context.Context, id string) error
 	Destroy(ctx context.Context, id string) error
 	Fork(ctx context.Context, src, dst string, opts appliance.ForkOptions) (appliance.State, error)
@@ -41,6 +42,7 @@ type lifecycleBackend interface {
 type execBackend interface {
 	Exec(ctx context.Context, id string, req appliance.ExecRequest) (*appliance.Process, error)
 	OpenTerminal(ctx context.Context, id string, req appliance.TerminalRequest) (*appliance.Terminal, error)
+	AttachTerminal(ctx context.Context, id, key string, from int64, alive func(context.Context) error) (*appliance.Terminal, error)
 	Process(id, pid string) (*appliance.Process, error)
 	KillAll(ctx context.Context, id string) error
 }

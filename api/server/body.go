@@ -92,6 +92,19 @@ func (o object) str(name string) (string, bool, error) {
 	return s, true, nil
 }
 
+// boolean is an optional true or false (false when absent).
+func (o object) boolean(name string) (bool, error) {
+	raw, ok := o[name]
+	if !ok {
+		return false, nil
+	}
+	var b *bool
+	if json.Unmarshal(raw, &b) != nil || b == nil {
+		return false, badRequest("field %q must be true or false", name)
+	}
+	return *b, nil
+}
+
 // required is a string field that must be there.
 func (o object) required(name string) (string, error) {
 	s, ok, err := o.str(name)

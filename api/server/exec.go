@@ -69,7 +69,7 @@ func readLine(br *bufio.Reader) ([]byte, error) {
 func (s *Server) exec(w http.ResponseWriter, r *http.Request) error {
 	name := r.PathValue("name")
 	// Not running → 404, checked before the body is read.
-	if err := s.mustRun(r.Context(), name); err != nil {
+	if err := s.awake(r.Context(), name); err != nil {
 		return err
 	}
 	body := &bodyEOF{r: r.Body}
@@ -194,9 +194,19 @@ func (s *Server) kill(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
+// killAll kills every process of a running sandbox. A sandbox the
+// service suspended on its own has none (they ended with the suspend):
+// 204, without waking it for nothing; one its caller suspended is not
+// running (404), as protocol 1 says.
 func (s *Server) killAll(w http.ResponseWriter, r *http.Request) error {
-	if err := s.b.KillAll(r.Context(), r.PathValue("name")); err != nil {
-		return err
+	name := r.PathValue("name")
+	if err := s.b.KillAll(r.Context(), name); err != nil {
+		if !errors.Is(err, appliance.ErrNotRunning) {
+			return err
+		}
+		if in, gerr := s.b.Get(r.Context(), name); gerr != nil || in.State != appliance.Suspended || !in.SuspendedBy.Wakes() {
+			return err
+		}
 	}
 	noContent(w)
 	return nil

@@ -119,7 +119,7 @@ func auditQuery(v url.Values) (audit.Query, error) {
 // number at a time (503 with Retry-After when too many wait).
 func (s *Server) setModules(w http.ResponseWriter, r *http.Request) error {
 	name := r.PathValue("name")
-	if err := s.mustRun(r.Context(), name); err != nil {
+	if err := s.awake(r.Context(), name); err != nil {
 		return err
 	}
 	limit := maxModulesPerBody * (s.cfg.MaxModuleBytes*4/3 + 4 + 6*maxModuleConfig + 64<<10)

@@ -35,15 +35,17 @@ type fakeBackend struct {
 }
 
 type fakeBox struct {
-	state   appliance.State
-	created time.Time
-	spec    appliance.NetworkSpec
-	rules   []transforms.Rule
-	modules []appliance.ModuleSource
-	files   map[string][]byte
-	procs   map[string]*appliance.Process
-	execs   []appliance.ExecRequest
-	limits  appliance.Limits
+	state appliance.State
+	// suspendedBy is who suspended it (a suspended box).
+	suspendedBy appliance.SuspendReason
+	created     time.Time
+	spec        appliance.NetworkSpec
+	rules       []transforms.Rule
+	modules     []appliance.ModuleSource
+	files       map[string][]byte
+	procs       map[string]*appliance.Process
+	execs       []appliance.ExecRequest
+	limits      appliance.Limits
 }
 
 func newFakeBackend() *fakeBackend {
@@ -87,15 +89,33 @@ func (f *fakeBackend) Resume(ctx context.Context, id string, opts appliance.Resu
 	if b.state != appliance.Running {
 		b.state, b.rules, b.procs = appliance.Running, opts.Rules, map[string]*appliance.Process{}
 	}
-	b.spec = opts.Network
+	if !opts.KeepNetwork {
+		b.spec = opts.Network
+	}
 	return nil, nil
+}
+
+func (f *fakeBackend) Wake(ctx context.Context, id string, opts appliance.ResumeOptions) (bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	b, err := f.box(id, false)
+	switch {
+	case err != nil:
+		return false, err
+	case b.state == appliance.Running:
+		return false, nil
+	case !b.suspendedBy.Wakes():
+		return false, fmt.Errorf("%w: sandbox %q is suspended (resume it)", appliance.ErrNotRunning, id)
+	}
+	b.state, b.rules, b.procs = appliance.Running, nil, map[string]*appliance.Process{}
+	return true, nil
 }
 
 func (f *fakeBackend) Suspend(ctx context.Context, id string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if b := f.boxes[id]; b != nil {
-		b.state, b.rules, b.procs = appliance.Suspended, nil, nil
+		b.state, b.rules, b.procs, b.suspendedBy = appliance.Suspended, nil, nil, appliance.SuspendedByCaller
 	}
 	return nil
 }
@@ -125,6 +145,9 @@ func (f *fakeBackend) Fork(ctx context.Context, src, dst string, opts appliance.
 
 func (f *fakeBackend) info(id string, b *fakeBox) appliance.Info {
 	in := appliance.Info{ID: id, State: b.state, Created: b.created, Limits: b.limits}
+	if b.state == appliance.Suspended {
+		in.SuspendedBy = b.suspendedBy
+	}
 	if b.state == appliance.Running {
 		in.BaseURLs = b.spec.BaseURLs
 	}
@@ -163,6 +186,11 @@ func (f *fakeBackend) OpenTerminal(ctx context.Context, id string, req appliance
 		return nil, err
 	}
 	return nil, fmt.Errorf("%w: the fake backend runs no terminal", errors.ErrUnsupported)
+}
+
+// AttachTerminal: no terminal is ever there.
+func (f *fakeBackend) AttachTerminal(ctx context.Context, id, key string, from int64, alive func(context.Context) error) (*appliance.Terminal, error) {
+	return nil, fmt.Errorf("%w: no terminal %q in sandbox %q", appliance.ErrNotFound, key, id)
 }
 
 func (f *fakeBackend) Exec(ctx context.Context, id string, req appliance.ExecRequest) (*appliance.Process, error) {

@@ -33,6 +33,9 @@ func (s *Server) readFile(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	if err := s.awake(r.Context(), name); err != nil {
+		return err
+	}
 	fi, err := s.b.Stat(r.Context(), name, p)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
@@ -68,6 +71,9 @@ func (s *Server) writeFile(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	if err := s.awake(r.Context(), name); err != nil {
+		return err
+	}
 	if fi, err := s.b.Stat(r.Context(), name, p); err == nil && fi.IsDir() {
 		return badRequest("%s is a directory", p)
 	} else if err != nil && !errors.Is(err, fs.ErrNotExist) {
@@ -84,7 +90,7 @@ func (s *Server) writeFile(w http.ResponseWriter, r *http.Request) error {
 // a trailer, so a caller can prove what it received.
 func (s *Server) workspaceOut(w http.ResponseWriter, r *http.Request) error {
 	name := r.PathValue("name")
-	if err := s.mustRun(r.Context(), name); err != nil {
+	if err := s.awake(r.Context(), name); err != nil {
 		return err
 	}
 	w.Header().Set("Content-Type", "application/x-tar")
@@ -105,6 +111,9 @@ func (s *Server) workspaceOut(w http.ResponseWriter, r *http.Request) error {
 // for a sandbox holding credentials, the credential guard).
 func (s *Server) workspaceIn(w http.ResponseWriter, r *http.Request) error {
 	name := r.PathValue("name")
+	if err := s.awake(r.Context(), name); err != nil {
+		return err
+	}
 	if err := s.b.TarIn(r.Context(), name, sandboxDir(s.cfg.WorkDir, name), r.Body); err != nil {
 		return err
 	}

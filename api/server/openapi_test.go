@@ -316,7 +316,8 @@ func TestOpenAPISchemasMatchWire(t *testing.T) {
 	health := api.Health{Status: "ok", Protocol: api.ProtocolVersion, Version: "v1.2.3", OK: true}
 	allSet(t, health)
 	schemaCheck(t, doc, "Health", health)
-	desc := api.Description{Name: "box", Home: "/home/agent", WorkingDirectory: "/workspace"}
+	desc := api.Description{Name: "box", Home: "/home/agent", WorkingDirectory: "/workspace",
+		Network: &api.KeptNetwork{Kept: true, Policy: policy, BaseURLs: map[string]string{"ANTHROPIC_BASE_URL": "https://api.anthropic.com"}}}
 	allSet(t, desc)
 	schemaCheck(t, doc, "Description", desc)
 	schemaCheck(t, doc, "Error", api.Error{Error: "no"})
@@ -332,7 +333,7 @@ func TestOpenAPISchemasMatchWire(t *testing.T) {
 	info := appliance.Info{ID: "box", State: appliance.Running, Created: now, LastActive: now.Add(time.Minute), LayerBytes: 4096,
 		Template: "tpl", Policy: &policy, BaseURLs: map[string]string{"ANTHROPIC_BASE_URL": "https://api.anthropic.com"},
 		Modules:   []appliance.ModuleInfo{{Name: "deny-path", Digest: "sha256:" + strings.Repeat("ab", 32), Bytes: 4096}},
-		OpenPorts: []int{4000}, Shard: "shard-0",
+		OpenPorts: []int{4000}, Shard: "shard-0", SuspendedBy: appliance.SuspendedIdle,
 		Limits: appliance.Limits{CPU: 1, CPUWeight: 100, Memory: 1 << 30, Pids: 100, Disk: 1 << 30, Lifetime: time.Hour, KeepSuspended: time.Hour},
 		Usage:  &appliance.Usage{CPUSeconds: 1.5, MemoryBytes: 64 << 20, MemoryPeakBytes: 128 << 20, DiskBytes: 8192, DiskQuotaBytes: 1 << 30, Processes: 12}}
 	allSet(t, info)

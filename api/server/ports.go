@@ -117,8 +117,8 @@ func (s *Server) tunnel(w http.ResponseWriter, r *http.Request) {
 		rawStatus(w, http.StatusNotFound)
 		return
 	}
-	if err := s.mustRun(r.Context(), name); err != nil {
-		rawStatus(w, http.StatusNotFound)
+	if err := s.awake(r.Context(), name); err != nil {
+		rawStatus(w, status(err))
 		return
 	}
 	g, err := s.b.PortGuard(name)
@@ -421,7 +421,7 @@ func (s *Server) tcpBridge(w http.ResponseWriter, r *http.Request) error {
 	if !isWebSocket(r) {
 		return errorf(http.StatusUpgradeRequired, "the TCP bridge is a WebSocket: send a WebSocket handshake (Upgrade: websocket)")
 	}
-	if err := s.mustRun(r.Context(), name); err != nil {
+	if err := s.awake(r.Context(), name); err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)

@@ -291,3 +291,104 @@ func TestRoutesAuditQuery(t *testing.T) {
 		}
 	}
 }
+
+// A sandbox the service suspended on its own is woken by the routes that
+// need it running; one its caller suspended is protocol 1's 404 until
+// resumed; describing, the audit and kill-all never wake one.
+func TestRoutesWakeWhatTheServiceSuspended(t *testing.T) {
+	r := newRouteRig(t)
+	r.do("POST", "/v1/sandboxes", map[string]any{"name": "idle", "allowedHosts": []string{"api.example.com"}})
+	r.do("POST", "/v1/sandboxes", map[string]any{"name": "asked"})
+	suspend := func(name string, why appliance.SuspendReason) {
+		r.b.mu.Lock()
+		b := r.b.boxes[name]
+		b.state, b.procs, b.suspendedBy = appliance.Suspended, nil, why
+		r.b.mu.Unlock()
+	}
+	state := func(name string) appliance.State {
+		r.b.mu.Lock()
+		defer r.b.mu.Unlock()
+		return r.b.boxes[name].state
+	}
+	suspend("idle", appliance.SuspendedIdle)
+	suspend("asked", appliance.SuspendedByCaller)
+
+	// Never woken: describing, the audit, kill-all (204: its processes
+	// ended with the suspend), waiting on a process.
+	if code, out, _ := r.do("GET", "/v1/sandboxes/idle", nil); code != 200 || !strings.Contains(out, `"suspendedBy":"idle"`) {
+		t.Errorf("describing an idle-suspended sandbox: %d %s", code, out)
+	}
+	if code, out, _ := r.do("DELETE", "/v1/sandboxes/idle/processes", nil); code != 204 {
+		t.Errorf("kill all of an idle-suspended sandbox: %d %s, want 204", code, out)
+	}
+	if code, _, _ := r.do("DELETE", "/v1/sandboxes/asked/processes", nil); code != 404 {
+		t.Errorf("kill all of a sandbox its caller suspended: %d, want 404 (not running)", code)
+	}
+	r.do("GET", "/v1/sandboxes/idle/audit", nil)
+	if state("idle") != appliance.Suspended {
+		t.Fatal("describing, the audit or kill-all woke the sandbox")
+	}
+
+	// Exec wakes the idle one, with the network it had.
+	code, out, _ := r.do("POST", "/v1/sandboxes/idle/exec", "{\"command\":\"echo hi\"}\n")
+	if code != 200 || state("idle") != appliance.Running {
+		t.Fatalf("exec on an idle-suspended sandbox: %d %q, state %s; want it woken and run", code, out, state("idle"))
+	}
+	if got := r.b.boxes["idle"].spec.AllowedHosts; len(got) != 1 || got[0] != "api.example.com" {
+		t.Errorf("woken with allowed hosts %q, want its own", got)
+	}
+	// The one its caller suspended stays suspended: 404 before the body
+	// is read, as protocol 1 says, on every route that would wake.
+	for _, rt := range []struct{ method, path, body string }{
+		{"POST", "/v1/sandboxes/asked/exec", "{\"command\":\"true\"}\n"},
+		{"PUT", "/v1/sandboxes/asked/files/workspace/x", "data"},
+		{"GET", "/v1/sandboxes/asked/files/workspace/x", ""},
+		{"PUT", "/v1/sandboxes/asked/network", `{"allowedHosts":[]}`},
+		{"POST", "/v1/sandboxes/asked/transformations", `{"transformations":[]}`},
+		{"GET", "/v1/sandboxes/asked/workspace", ""},
+	} {
+		var body any
+		if rt.body != "" {
+			body = rt.body
+		}
+		if code, out, _ := r.do(rt.method, rt.path, body); code != 404 || !strings.Contains(out, "is suspended (resume it)") {
+			t.Errorf("%s %s on a sandbox its caller suspended: %d %s, want 404 saying to resume it", rt.method, rt.path, code, out)
+		}
+	}
+	if state("asked") != appliance.Suspended {
+		t.Error("a sandbox its caller suspended was woken")
+	}
+}
+
+// Resume with sandgate's keepNetwork keeps the sandbox's network; with a
+// network beside it, it is a 400; protocol 1's resume without one gives
+// the service's network alone, as before.
+func TestRoutesResumeKeepNetwork(t *testing.T) {
+	r := newRouteRig(t)
+	r.do("POST", "/v1/sandboxes", map[string]any{"name": "b", "allowedHosts": []string{"api.example.com"}})
+	r.do("POST", "/v1/sandboxes/b/suspend", nil)
+	for _, body := range []map[string]any{
+		{"keepNetwork": true, "allowedHosts": []string{}},
+		{"keepNetwork": true, "policy": map[string]any{"mode": "deny-all"}},
+		{"keepNetwork": true, "baseUrls": map[string]string{}},
+		{"keepNetwork": "yes"},
+	} {
+		if code, out, _ := r.do("POST", "/v1/sandboxes/b/resume", body); code != 400 {
+			t.Errorf("resume %v: %d %s, want 400", body, code, out)
+		}
+	}
+	code, out, _ := r.do("POST", "/v1/sandboxes/b/resume", map[string]any{"keepNetwork": true})
+	if code != 200 || !strings.Contains(out, `"network":{"kept":`) {
+		t.Fatalf("resume keeping the network: %d %s", code, out)
+	}
+	if got := r.b.boxes["b"].spec.AllowedHosts; len(got) != 1 {
+		t.Errorf("kept allowed hosts %q", got)
+	}
+	r.do("POST", "/v1/sandboxes/b/suspend", nil)
+	if code, out, _ := r.do("POST", "/v1/sandboxes/b/resume", map[string]any{}); code != 200 || strings.Contains(out, "network") {
+		t.Errorf("protocol 1's resume: %d %s", code, out)
+	}
+	if got := r.b.boxes["b"].spec.AllowedHosts; len(got) != 0 {
+		t.Errorf("protocol 1's resume without allowedHosts kept %q; want the service's network alone", got)
+	}
+}

@@ -46,7 +46,9 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) error {
 // resume: a running sandbox gets its allowed hosts (or sandgate's whole
 // policy) and base URLs replaced (its credential rules and processes
 // kept); a suspended one starts with them and no credential rules
-// (protocol 1: transformations do not survive a suspension).
+// (protocol 1: transformations do not survive a suspension). With
+// sandgate's {"keepNetwork": true} instead of a network, the sandbox keeps
+// the one it last had, and the answer says which that is.
 func (s *Server) resume(w http.ResponseWriter, r *http.Request) error {
 	name := r.PathValue("name")
 	if err := checkSandboxName(name); err != nil {
@@ -60,14 +62,37 @@ func (s *Server) resume(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	keep, err := o.boolean("keepNetwork")
+	if err != nil {
+		return err
+	}
+	if _, ok := o["policy"]; keep && (nb.hasAllowedHosts || ok || nb.baseURLs != nil) {
+		return badRequest(`give "keepNetwork" or a network ("allowedHosts", "policy", "baseUrls"), not both`)
+	}
 	return s.progressed(w, r, func(ctx context.Context) (int, any, error) {
+		var before appliance.Info
+		if keep {
+			var err error
+			if before, err = s.b.Get(ctx, name); err != nil {
+				return 0, nil, err
+			}
+		}
 		if _, err := s.b.Resume(ctx, name, appliance.ResumeOptions{
-			Network: nb.spec(),
-			Agent:   s.agentConfig(name), Dirs: s.dirs(name),
+			Network: nb.spec(), KeepNetwork: keep,
+			Agent: s.agentConfig(name), Dirs: s.dirs(name),
 		}); err != nil {
 			return 0, nil, err
 		}
-		return http.StatusOK, s.describe(name), nil
+		d := s.describe(name)
+		if keep {
+			// A suspended sandbox describes the network kept with it, a
+			// running one the network it has.
+			d.Network = &api.KeptNetwork{Kept: before.Policy != nil}
+			if in, err := s.b.Get(ctx, name); err == nil && in.Policy != nil {
+				d.Network.Policy, d.Network.BaseURLs = in.Policy, in.BaseURLs
+			}
+		}
+		return http.StatusOK, d, nil
 	})
 }
 
@@ -101,7 +126,7 @@ func (s *Server) destroy(w http.ResponseWriter, r *http.Request) error {
 // whole harness policy, CIDR rules and all.
 func (s *Server) setNetwork(w http.ResponseWriter, r *http.Request) error {
 	name := r.PathValue("name")
-	if _, err := s.b.Get(r.Context(), name); err != nil {
+	if err := s.awake(r.Context(), name); err != nil {
 		return err
 	}
 	o, err := readObject(r, api.MaxJSONBody)
@@ -134,6 +159,9 @@ func (s *Server) saveTemplate(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	return s.progressed(w, r, func(ctx context.Context) (int, any, error) {
+		if err := s.awake(ctx, name); err != nil {
+			return 0, nil, err
+		}
 		if err := s.b.SaveTemplate(ctx, name, id); err != nil {
 			return 0, nil, err
 		}
@@ -187,7 +215,7 @@ func (s *Server) sandboxInfo(in appliance.Info) api.Sandbox {
 	out := api.Sandbox{
 		Name: in.ID, State: string(in.State), Created: in.Created, LayerBytes: in.LayerBytes, Template: in.Template,
 		BaseURLs: in.BaseURLs, Home: sandboxDir(s.cfg.Home, in.ID), WorkDir: sandboxDir(s.cfg.WorkDir, in.ID),
-		Ports: in.OpenPorts, Shard: in.Shard, Limits: in.Limits,
+		Ports: in.OpenPorts, Shard: in.Shard, Limits: in.Limits, SuspendedBy: string(in.SuspendedBy),
 	}
 	if u := in.Usage; u != nil {
 		out.Usage = &api.Usage{CPUSeconds: u.CPUSeconds, MemoryBytes: u.MemoryBytes, MemoryPeakBytes: u.MemoryPeakBytes,

@@ -313,15 +313,14 @@ func (s *Server) health(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// mustRun says whether sandbox name runs: protocol 1's "not running"
-// (404), checked before a route reads its body.
-func (s *Server) mustRun(ctx context.Context, name string) error {
-	in, err := s.b.Get(ctx, name)
-	if err != nil {
+// awake makes sandbox name run for a route that needs it running,
+// checked before the route reads its body: a sandbox the service
+// suspended on its own (idle, stopping, a shard that died) is resumed as
+// it was; one its caller suspended is protocol 1's "not running" (404)
+// until resumed; one neither running nor suspended is 404 too.
+func (s *Server) awake(ctx context.Context, name string) error {
+	if _, err := s.b.Wake(ctx, name, appliance.ResumeOptions{Agent: s.agentConfig(name), Dirs: s.dirs(name)}); err != nil {
 		return err
-	}
-	if in.State == appliance.Suspended {
-		return fmt.Errorf("%w: sandbox %q is suspended (resume it)", appliance.ErrNotRunning, name)
 	}
 	return nil
 }

@@ -191,7 +191,7 @@ func placeholderFor(match json.RawMessage, name, scheme string) string {
 // holds (in memory only) and applies.
 func (s *Server) transformationsRoute(w http.ResponseWriter, r *http.Request, replace bool) error {
 	name := r.PathValue("name")
-	if _, err := s.b.Get(r.Context(), name); err != nil {
+	if err := s.awake(r.Context(), name); err != nil {
 		return err
 	}
 	o, err := readObject(r, 1<<20)

@@ -219,23 +219,27 @@ func (r *rig) benchExec(n int) error {
 		}
 		return err
 	}
-	viaBridge := func() error { return r.bridgeExec(c, "exec", "true") }
+	viaBridge := func() error { return r.bridgeExec(c, "exec", "", "true") }
+	// The same in a session: a bash that sources the session's shell
+	// state and saves it, and the state read back.
+	viaSession := func() error { return r.bridgeExec(c, "exec", "bench", "true") }
 	health := func() error { _, err := r.must(c, http.StatusOK, http.MethodGet, "/health", nil); return err }
 	for range 20 { // warm up every path and the connection
-		for _, f := range []func() error{viaHTTP, direct, viaBridge, bridgeDirect} {
+		for _, f := range []func() error{viaHTTP, direct, viaBridge, bridgeDirect, viaSession} {
 			if err := f(); err != nil {
 				return err
 			}
 		}
 	}
 	fmt.Fprintf(os.Stderr, "running `true` %d times each way...\n", n)
-	var h, d, bh, bd, floor []time.Duration
+	var h, d, bh, bd, bs, floor []time.Duration
 	for i := range n {
-		fns := []func() error{viaHTTP, direct, viaBridge, bridgeDirect, health}
-		outs := []*[]time.Duration{&h, &d, &bh, &bd, &floor}
+		fns := []func() error{viaHTTP, direct, viaBridge, bridgeDirect, viaSession, health}
+		outs := []*[]time.Duration{&h, &d, &bh, &bd, &bs, &floor}
 		if i%2 != 0 { // each HTTP call and its baseline take turns going first
 			fns[0], fns[1], outs[0], outs[1] = fns[1], fns[0], outs[1], outs[0]
 			fns[2], fns[3], outs[2], outs[3] = fns[3], fns[2], outs[3], outs[2]
+			fns[2], fns[4], outs[2], outs[4] = fns[4], fns[2], outs[4], outs[2]
 		}
 		for j, fn := range fns {
 			t0 := time.Now()
@@ -249,6 +253,7 @@ func (r *rig) benchExec(n int) error {
 	row("exec true, Sandbox.Run", d, "same command, same sandbox")
 	row("exec true, bridge (SSE parsed)", bh, "POST /v1/sandbox/{id}/exec until the exit event and EOF")
 	row("exec true, Sandbox.Run (bridge's)", bd, "sh -c '\"$@\"' sh true, same sandbox")
+	row("exec true, bridge in a session", bs, "the same with Session-Id: the session's bash, its state saved and read back")
 	row("GET /health", floor, "one HTTP round trip, no handler work")
 	ph, pd := benchkit.Pct(h, 50), benchkit.Pct(d, 50)
 	fmt.Printf("  protocol 1 adds %.3f ms at p50 (target < 1 ms), %.3f ms at p99; HTTP / Run p50 %.2f\n",
@@ -256,13 +261,16 @@ func (r *rig) benchExec(n int) error {
 	pbh, pbd := benchkit.Pct(bh, 50), benchkit.Pct(bd, 50)
 	fmt.Printf("  the bridge adds %.3f ms at p50, %.3f ms at p99; bridge / Run p50 %.2f; bridge / protocol 1 p50 %.2f\n\n",
 		float64(pbh-pbd)/1e6, float64(benchkit.Pct(bh, 99)-benchkit.Pct(bd, 99))/1e6, pbh.Seconds()/pbd.Seconds(), pbh.Seconds()/ph.Seconds())
+	pbs := benchkit.Pct(bs, 50)
+	fmt.Printf("  a session adds %.3f ms at p50; session / bridge p50 %.2f\n\n", float64(pbs-pbh)/1e6, pbs.Seconds()/pbh.Seconds())
 	return nil
 }
 
 // bridgeExec runs argv in sandbox id through the Cloudflare bridge's exec
-// route, as its clients do (Bearer key, JSON, the event stream read to its
-// end), and fails unless the exit event says 0.
-func (r *rig) bridgeExec(ctx context.Context, id string, argv ...string) error {
+// route (in session sid unless ""), as its clients do (Bearer key, JSON,
+// the event stream read to its end), and fails unless the exit event says
+// 0.
+func (r *rig) bridgeExec(ctx context.Context, id, sid string, argv ...string) error {
 	body, err := json.Marshal(map[string]any{"argv": argv})
 	if err != nil {
 		return err
@@ -273,6 +281,9 @@ func (r *rig) bridgeExec(ctx context.Context, id string, argv ...string) error {
 	}
 	req.Header.Set("Authorization", "Bearer "+bridgeKey)
 	req.Header.Set("Content-Type", "application/json")
+	if sid != "" {
+		req.Header.Set("Session-Id", sid)
+	}
 	resp, err := r.client.Do(req)
 	if err != nil {
 		return err

@@ -7,8 +7,9 @@
 //     (target: the API adds < 1 ms at p50). The same for the Cloudflare
 //     bridge's exec (POST /v1/sandbox/{id}/exec, its event stream read to
 //     the exit event) against Sandbox.Run of what the bridge runs, beside
-//     it. GET /health gives the floor of one HTTP round trip on this
-//     machine.
+//     it, and the bridge's exec in a session (Session-Id: the session's
+//     bash, its shell state saved and read back) against it without one.
+//     GET /health gives the floor of one HTTP round trip on this machine.
 //   - create: POST /v1/sandboxes, from the image and from a template,
 //     against Manager.Create with the options the server passes, interleaved;
 //     p50 each.

@@ -128,12 +128,13 @@ limits, kept with it for its whole life; each left out is the service's.`,
 		}),
 		remoteCommand(&cli.Command{
 			Name:      "resume",
-			Usage:     "resume a suspended sandbox (its network becomes the one given)",
+			Usage:     "resume a suspended sandbox (with the network given, else its last one)",
 			ArgsUsage: "NAME",
 			Description: `A running sandbox keeps running and gets the network given; a suspended one
 is started from its snapshot with it (its request transformations are
-gone: set them again). On a terminal, a progress bar shows the snapshot's
-fetch.`,
+gone: set them again). Given no network (no --allow, --policy or
+--base-url), a sandbox keeps its last one, and standard error says which.
+On a terminal, a progress bar shows the snapshot's fetch.`,
 			Flags: append(slices.Clone(network),
 				&cli.StringFlag{Name: "policy", Usage: "network policy JSON `FILE` (allow-all, deny-all, or custom with hosts and CIDRs) instead of --allow"},
 			),
@@ -457,7 +458,30 @@ func runResume(c *cli.Context) error {
 		return err
 	}
 	fmt.Fprintln(c.App.Writer, s.ID())
+	if k := s.KeptNetwork(); k != nil {
+		fmt.Fprintln(c.App.ErrWriter, keptNetworkLine(s.ID(), k))
+	}
 	return nil
+}
+
+// keptNetworkLine says which network a resume without one kept.
+func keptNetworkLine(name string, k *client.KeptNetwork) string {
+	what := "its last network"
+	if !k.Kept {
+		what = "the service's network (none was kept with it; give --allow or --policy for more)"
+	}
+	line := name + ": resumed with " + what
+	if p := k.Policy; p != nil {
+		switch {
+		case p.Mode != client.ModeCustom:
+			line += ": " + p.Mode
+		case len(p.AllowedHosts)+len(p.AllowedCIDRs) == 0:
+			line += ": no host allowed"
+		default:
+			line += ": allows " + strings.Join(append(slices.Clone(p.AllowedHosts), p.AllowedCIDRs...), ", ")
+		}
+	}
+	return line
 }
 
 // errMissing is a name a removing verb was given that does not exist:

@@ -72,6 +72,7 @@ Run (IAM in front) or with --allow-open.`,
 			&cli.StringFlag{Name: "allow-private-network", Usage: "`true` makes private addresses reachable (tests; refused on Cloud Run)", EnvVars: []string{"SANDBOX_ALLOW_PRIVATE_NETWORK"}},
 			&cli.StringFlag{Name: "allow-egress", Usage: "refused: sandgate never gives a sandbox a network of its own (`true` would)", EnvVars: []string{"SANDBOX_ALLOW_EGRESS"}},
 			&cli.DurationFlag{Name: "idle-suspend", Value: appliance.DefaultIdleSuspend, Usage: "suspend a sandbox idle (no call, port connection or egress) for `DURATION`; 0 never", EnvVars: []string{"SANDGATE_IDLE_SUSPEND"}},
+			&cli.DurationFlag{Name: "pty-grace", Value: appliance.DefaultTerminalGrace, Usage: "keep a terminal whose client went away running for `DURATION`, for the client to come back to; 0: hang it up at once", EnvVars: []string{"SANDGATE_PTY_GRACE"}},
 			&cli.IntFlag{Name: "max-sandboxes", Usage: "run at most `N` sandboxes at once", DefaultText: "host memory over --sandbox-memory", EnvVars: []string{"SANDGATE_MAX_SANDBOXES"}},
 			&cli.StringFlag{Name: "sandbox-memory", Value: appliance.DefaultMemoryLimit, Usage: "memory limit of each sandbox, `SIZE` (sandgate sandbox)", EnvVars: []string{"SANDGATE_SANDBOX_MEMORY"}},
 			&cli.IntFlag{Name: "sandbox-pids", Value: appliance.DefaultPidsLimit, Usage: "process limit of each sandbox, `N` (sandgate sandbox)", EnvVars: []string{"SANDGATE_SANDBOX_PIDS"}},
@@ -401,6 +402,10 @@ func runServe(c *cli.Context) error {
 	if checkpoints == 0 {
 		checkpoints = -1
 	}
+	ptyGrace := c.Duration("pty-grace")
+	if ptyGrace <= 0 {
+		ptyGrace = -1
+	}
 	svc, err := service.New(ctx, service.Config{
 		DNSServers: splitAll(c.StringSlice("dns")), AllowPrivate: sc.allowPrivate, UpstreamRoots: roots, InterceptCA: ica,
 		AuditLog: auditOut, AuditFlush: c.Duration("audit-flush"), Modules: rt, ServiceModules: modules, Store: st, Launcher: lc, Logger: logger,
@@ -409,7 +414,7 @@ func runServe(c *cli.Context) error {
 			MaxRunning: c.Int("max-sandboxes"), IdleSuspend: idle,
 			AllowedHosts: sc.allowedHosts, BaseURLs: sc.baseURLs, OutputBytes: int(sc.outputBytes),
 			OutputBudget: sc.outputBudget, Limits: sc.limits,
-			Shard: shard, CheckpointInterval: checkpoints,
+			Shard: shard, CheckpointInterval: checkpoints, TerminalGrace: ptyGrace,
 		},
 		Peers: peers, PeerAuth: peerAuth(sc.cloudRun, logger), NoConsole: !c.Bool("console"),
 		Server: server.Config{

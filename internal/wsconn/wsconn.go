@@ -8,6 +8,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"sync/atomic"
 
 	"github.com/coder/websocket"
 )
@@ -58,4 +59,24 @@ func Send(ctx context.Context, ws *websocket.Conn, r io.Reader, chunk int) error
 			return nil
 		}
 	}
+}
+
+// Liveness says whether the client of a WebSocket is still there: it
+// answers a ping (a client answers while it reads). A terminal asks it of
+// its client when another wants the terminal. The zero value has no
+// WebSocket yet, and says so.
+type Liveness struct {
+	ws atomic.Pointer[websocket.Conn]
+}
+
+// Set gives it the WebSocket, once accepted.
+func (l *Liveness) Set(ws *websocket.Conn) { l.ws.Store(ws) }
+
+// Alive pings the client, bounded by ctx: nil when it answered.
+func (l *Liveness) Alive(ctx context.Context) error {
+	ws := l.ws.Load()
+	if ws == nil {
+		return errors.New("not connected")
+	}
+	return ws.Ping(ctx)
 }
