@@ -39,6 +39,12 @@ const (
 	// CodeNoCA: a host the policy intercepts, on a proxy without an
 	// interception CA.
 	CodeNoCA = "intercept_unavailable"
+	// CodeCredentialHost: a tunnel (CONNECT, or a captured connection) to
+	// a host a credential rule of the sandbox targets, which could only
+	// be carried intercepted (so that its answers are scrubbed), on a
+	// proxy without an interception CA, or to an address (no certificate
+	// is made for one).
+	CodeCredentialHost = "credential_host"
 )
 
 // Error is a refusal or failure the proxy answers the sandbox with. Status,

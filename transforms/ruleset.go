@@ -114,6 +114,28 @@ func (s *RuleSet) Guard() *Guard {
 	return l.guard
 }
 
+// Targets reports whether a rule with a secret targets host (see
+// [Applied.Scrub]: its match.host matches it), and names the first such
+// rule ("rule[0] api.example.com"). host is spelled as a request or a
+// CONNECT line may spell it: a port, letter case, one trailing dot and
+// the spellings of an IP address are canonicalised first; a name is
+// expected in punycode (netpolicy's canonical form). A host reached
+// whose responses could carry a secret unscrubbed (a tunnel) must not be
+// reached where it targets one: see relay.
+func (s *RuleSet) Targets(host string) (string, bool) {
+	l := s.cur.Load()
+	if l == nil {
+		return "", false
+	}
+	host = canonicalHost(host)
+	for i := range l.rules {
+		if r := &l.rules[i]; len(r.secrets) > 0 && r.host.targets(host) {
+			return l.names[i], true
+		}
+	}
+	return "", false
+}
+
 // Len returns the number of rules.
 func (s *RuleSet) Len() int {
 	if l := s.cur.Load(); l != nil {
