@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 )
 
 // The credential guard: a sandbox holds placeholders, never the secrets of
@@ -56,6 +55,7 @@ func (e *CredentialError) Is(target error) bool { return target == ErrCredential
 //
 // Like a [Secret], a Guard prints, logs and marshals as [Redacted].
 type Guard struct {
+	redacted
 	secrets []guardSecret // those shorter than MinPartialRun, found whole
 	// runs finds the runs of the secrets of MinPartialRun bytes or more
 	// (and the short ones whole, for Check); nil when there are none.
@@ -169,21 +169,6 @@ func (g *Guard) Check(where string, values ...string) error {
 	}
 	return nil
 }
-
-// String returns [Redacted].
-func (g Guard) String() string { return Redacted }
-
-// GoString returns [Redacted].
-func (g Guard) GoString() string { return Redacted }
-
-// Format prints [Redacted] whatever the verb.
-func (g Guard) Format(f fmt.State, _ rune) { _, _ = io.WriteString(f, Redacted) }
-
-// LogValue makes log/slog print [Redacted].
-func (g Guard) LogValue() slog.Value { return slog.StringValue(Redacted) }
-
-// MarshalJSON encodes the guard as the JSON string "[REDACTED]".
-func (g Guard) MarshalJSON() ([]byte, error) { return []byte(`"` + Redacted + `"`), nil }
 
 // Scanner follows one stream through a Guard, in chunks of any size: it
 // fails as soon as a held secret, or a run of MinPartialRun bytes of one,
