@@ -63,7 +63,11 @@ func (cc *clientConn) tunnel(ctx context.Context, ev *audit.Event, host string, 
 			// A host a credential rule targets: what it answers may hold
 			// the credential (sent to it on a route, or kept by it), so
 			// it is carried only where its answers are scrubbed.
-			if cc.p.cfg.CA == nil || dec.Host.IsIP() {
+			if ue, sealed := cc.tenant.transforms.Unscrubbable(dec.Host.String()); sealed {
+				e := asError(ue)
+				ev.Allow, ev.Code, ev.Reason = false, e.Code, e.Reason
+				err = e
+			} else if cc.p.cfg.CA == nil || dec.Host.IsIP() {
 				e := credentialHostError(dec.Host, name, cc.p.cfg.CA != nil)
 				ev.Allow, ev.Code, ev.Reason = false, e.Code, e.Reason
 				err = e

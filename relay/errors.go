@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sandgate/sandgate/netpolicy"
+	"github.com/sandgate/sandgate/transforms"
 	"github.com/sandgate/sandgate/transforms/wasm"
 )
 
@@ -45,6 +46,10 @@ const (
 	// proxy without an interception CA, or to an address (no certificate
 	// is made for one).
 	CodeCredentialHost = "credential_host"
+	// CodeSealedCredential: a host a credential the sandbox's rules held
+	// targets, sealed under a seal key this service does not have: its
+	// answers could not be scrubbed of it.
+	CodeSealedCredential = "credential_sealed"
 )
 
 // Error is a refusal or failure the proxy answers the sandbox with. Status,
@@ -104,6 +109,10 @@ func asError(err error) *Error {
 	var e *Error
 	if errors.As(err, &e) {
 		return e
+	}
+	var ue *transforms.UnscrubbableError
+	if errors.As(err, &ue) {
+		return &Error{Status: http.StatusForbidden, Code: CodeSealedCredential, Reason: ue.Error()}
 	}
 	var we *wasm.Error
 	if errors.As(err, &we) {

@@ -21,14 +21,15 @@ import (
 // keptKey is an upstream that keeps the credential it was last sent and
 // hands it to whoever asks, as an API that echoes what it holds does.
 type keptKey struct {
-	mu   sync.Mutex
-	last string
+	mu    sync.Mutex
+	first bool // keep the first key it was sent, not the last
+	last  string
 }
 
 func (k *keptKey) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if v := r.Header.Get("X-Api-Key"); v != "" {
+	if v := r.Header.Get("X-Api-Key"); v != "" && (!k.first || k.last == "") {
 		k.last = v
 	}
 	fmt.Fprintf(w, "the key I hold: %s", k.last)
