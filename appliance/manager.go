@@ -119,6 +119,13 @@ type ManagerConfig struct {
 	// saved as it runs (Checkpoint): what a crash of the service loses;
 	// 0 means DefaultCheckpointInterval, negative never.
 	CheckpointInterval time.Duration
+	// SealKey is the key material (at least transforms.MinSealKeyMaterial
+	// bytes) of the key that seals, in a sandbox's record, the credentials
+	// its rules have held, so that they stay scrubbed when it resumes:
+	// every shard over one store needs the same. Empty means a key kept
+	// in WorkDir (SealKeyFile, made if absent; one in memory without a
+	// WorkDir).
+	SealKey []byte
 }
 
 // Defaults of ManagerConfig.
@@ -217,6 +224,7 @@ type Manager struct {
 	work  string
 	log   *slog.Logger
 	met   *metrics
+	seal  *transforms.SealKey // seals the credentials sandboxes' rules held
 
 	mu       sync.Mutex
 	boxes    map[string]*box
@@ -266,7 +274,10 @@ type box struct {
 	recGen int64
 	// saved is when its state was last saved (resumed from, or
 	// checkpointed); zero when never (a new sandbox).
-	saved    time.Time
+	saved time.Time
+	// held is every credential its rules hold or have held, sealed: what
+	// its record and journal entry keep (see manager_held.go).
+	held     []transforms.SealedSecret
 	sessions sessionTable // its own lock; see manager_sessions.go
 }
 
@@ -330,8 +341,12 @@ func NewManager(ctx context.Context, cfg ManagerConfig) (*Manager, error) {
 	if err := os.MkdirAll(work, 0o700); err != nil {
 		return nil, fmt.Errorf("appliance: work directory: %w", err)
 	}
+	seal, err := openSealKey(cfg, work)
+	if err != nil {
+		return nil, err
+	}
 	m := &Manager{
-		cfg: cfg, l: cfg.Launcher, proxy: cfg.Proxy, st: cfg.Store, work: work,
+		cfg: cfg, l: cfg.Launcher, proxy: cfg.Proxy, st: cfg.Store, work: work, seal: seal,
 		ns:    TemplateNamespace(cfg.Version, cfg.ImageID),
 		log:   cfg.Logger,
 		met:   newMetrics(cfg.Metrics),
@@ -590,7 +605,7 @@ func (m *Manager) Resume(ctx context.Context, id string, opts ResumeOptions) (sb
 	}
 	b.created, b.template, b.spec, b.network, b.modules = rec.Created, rec.Template, opts.Network, network, mods
 	m.setBase(b, rec.baseRecord())
-	sb, err = m.start(ctx, b, rec, startOptions{Rules: opts.Rules, Agent: opts.Agent, Dirs: opts.Dirs})
+	sb, err = m.start(ctx, b, rec, startOptions{Rules: opts.Rules, Agent: opts.Agent, Dirs: opts.Dirs, Held: rec.Held})
 	if err != nil {
 		m.setBase(b, nil)
 		m.unreserve()
@@ -633,7 +648,11 @@ func (m *Manager) SetNetwork(ctx context.Context, id string, spec NetworkSpec) e
 // after them: the proxy applies them from the next request on, the hosts
 // they target become reachable by its routes, and the credential guard
 // searches what goes into the sandbox for their secrets. They are held in
-// memory only and dropped the moment the sandbox stops running.
+// memory only and dropped the moment the sandbox stops running. The
+// secrets of rules replaced stay scrubbed from the answers of their hosts
+// for the sandbox's life: its record keeps them sealed, and is written
+// before the change when the sandbox is to hold a new secret (a sandbox
+// that would hold more than transforms.MaxHeldSecrets is refused).
 func (m *Manager) SetRules(ctx context.Context, id string, rules []transforms.Rule, add bool) error {
 	b, release, err := m.acquire(ctx, id)
 	if err != nil {
@@ -644,15 +663,24 @@ func (m *Manager) SetRules(ctx context.Context, id string, rules []transforms.Ru
 	if sb == nil {
 		return fmt.Errorf("%w: sandbox %q is not running", ErrNotRunning, id)
 	}
+	rs := sb.relay.Transforms()
 	all := rules
 	if add {
-		all = append(sb.relay.Transforms().Rules(), rules...)
+		all = append(rs.Rules(), rules...)
 	}
 	n, err := m.effectiveNetwork(b.spec, all)
 	if err != nil {
 		return err
 	}
-	sb.relay.Transforms().Set(all...)
+	if h := rs.HeldWith(all...); h > transforms.MaxHeldSecrets {
+		return fmt.Errorf("%w: sandbox %q would have held %d credentials, and each stays scrubbed for its life: %d is the most; destroy it and start another", ErrBadInput, id, h, transforms.MaxHeldSecrets)
+	}
+	if held := rs.SealWith(m.seal, id, all...); heldChanged(b.held, held) {
+		if err := m.writeHeld(ctx, b, held); err != nil {
+			return err
+		}
+	}
+	rs.Set(all...)
 	b.network = n
 	sb.setNetwork(n)
 	return nil
@@ -874,7 +902,8 @@ func (m *Manager) Fork(ctx context.Context, src, dst string, opts ForkOptions) (
 		}
 		db.created, db.template, db.spec, db.network, db.modules = time.Now().UTC(), sb.template, spec, network, cloneSources(sb.modules)
 		m.setBase(db, sb.base)
-		if _, err := m.attach(ctx, db, startOptions{Rules: opts.Rules, Agent: opts.Agent}); err != nil {
+		held := m.resealHeld(src, dst, sb.held)
+		if _, err := m.attach(ctx, db, startOptions{Rules: opts.Rules, Agent: opts.Agent, Held: held}); err != nil {
 			m.setBase(db, nil)
 			m.unreserve()
 			return "", err
@@ -892,6 +921,7 @@ func (m *Manager) Fork(ctx context.Context, src, dst string, opts ForkOptions) (
 	if rec.legacy {
 		copy = m.copyLegacy
 	}
+	rec.Held = m.resealHeld(src, dst, rec.Held)
 	if err := copy(ctx, rec, dst); err != nil {
 		return "", err
 	}

@@ -20,6 +20,9 @@ type startOptions struct {
 	Rules []transforms.Rule
 	Agent *agent.Config
 	Dirs  []string
+	// Held are the credentials the sandbox's rules held before, sealed for
+	// it (its record's, or its fork source's): scrubbed, as its rules'.
+	Held []transforms.SealedSecret
 }
 
 // agentConfig is the agent configuration a sandbox starts with: the
@@ -53,7 +56,9 @@ func (m *Manager) start(ctx context.Context, b *box, rec *record, so startOption
 		b.state.Store(State(""))
 		return nil, err
 	}
-	opts := Options{Policy: b.network.Policy, Transforms: transforms.NewRuleSet(so.Rules...), Modules: mods, Agent: m.agentConfig(b, so)}
+	rs := transforms.NewRuleSet(so.Rules...)
+	b.held = m.unsealHeld(b.id, rs, so.Held)
+	opts := Options{Policy: b.network.Policy, Transforms: rs, Modules: mods, Agent: m.agentConfig(b, so)}
 	var cleanups []func()
 	defer func() {
 		for _, c := range cleanups {
@@ -123,7 +128,9 @@ func (m *Manager) attach(ctx context.Context, b *box, so startOptions) (*Sandbox
 		b.state.Store(State(""))
 		return nil, err
 	}
-	opts := Options{Policy: b.network.Policy, Transforms: transforms.NewRuleSet(so.Rules...), Modules: mods, Agent: m.agentConfig(b, so)}
+	rs := transforms.NewRuleSet(so.Rules...)
+	b.held = m.unsealHeld(b.id, rs, so.Held)
+	opts := Options{Policy: b.network.Policy, Transforms: rs, Modules: mods, Agent: m.agentConfig(b, so)}
 	sb, err := Attach(ctx, m.l, m.proxy, b.id, opts)
 	if err != nil {
 		b.state.Store(State(""))
@@ -170,10 +177,11 @@ func (m *Manager) publish(ctx context.Context, b *box, sb *Sandbox, so startOpti
 // time and the template layer its layer is a delta onto). The sandbox's
 // network and credentials are not in it: they live in memory only.
 type journalEntry struct {
-	Created  time.Time   `json:"created"`
-	Template string      `json:"template,omitempty"`
-	Base     *record     `json:"base,omitempty"`
-	Modules  []moduleRef `json:"modules,omitempty"` // their bytes are in the store
+	Created  time.Time                 `json:"created"`
+	Template string                    `json:"template,omitempty"`
+	Base     *record                   `json:"base,omitempty"`
+	Modules  []moduleRef               `json:"modules,omitempty"` // their bytes are in the store
+	Held     []transforms.SealedSecret `json:"held,omitempty"`    // sealed
 }
 
 func (m *Manager) journalDir() string { return filepath.Join(m.work, "running") }
@@ -186,7 +194,7 @@ func (m *Manager) journal(b *box) error {
 	if err != nil {
 		return err
 	}
-	data, err := json.Marshal(journalEntry{Created: b.created, Template: b.template, Base: b.base, Modules: refs})
+	data, err := json.Marshal(journalEntry{Created: b.created, Template: b.template, Base: b.base, Modules: refs, Held: b.held})
 	if err != nil {
 		return err
 	}

@@ -275,7 +275,7 @@ func (m *Manager) recoverSandbox(ctx context.Context, id string, created time.Ti
 	} else if !errors.Is(err, store.ErrNotFound) {
 		return err
 	}
-	if _, err := m.saveSnapshotOf(ctx, id, j.Created, j.Template, j.Base, j.Modules, gen); err != nil {
+	if _, err := m.saveSnapshotOf(ctx, id, j.Created, j.Template, j.Base, j.Modules, j.Held, gen); err != nil {
 		return err
 	}
 	if err := m.l.Delete(ctx, id); err != nil && !errors.Is(err, ErrNotFound) {

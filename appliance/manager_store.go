@@ -19,6 +19,7 @@ import (
 	"github.com/sandgate/sandgate/appliance/sandboxcli"
 	"github.com/sandgate/sandgate/snapshot"
 	"github.com/sandgate/sandgate/snapshot/store"
+	"github.com/sandgate/sandgate/transforms"
 )
 
 // The store, as the manager lays it out:
@@ -87,6 +88,9 @@ type record struct {
 	// Modules are the sandbox's own WebAssembly modules, loaded again
 	// when it resumes.
 	Modules []moduleRef `json:"modules,omitempty"`
+	// Held are the credentials the sandbox's rules hold and have held,
+	// sealed (see manager_held.go): scrubbed again when it resumes.
+	Held []transforms.SealedSecret `json:"held,omitempty"`
 
 	// legacy: not a record in the store but the reference service's
 	// object at legacyKey (Layer), which has no digest to check.
@@ -335,7 +339,7 @@ func (m *Manager) saveSnapshot(ctx context.Context, b *box) (*record, error) {
 	if err != nil {
 		return nil, err
 	}
-	rec, err := m.saveSnapshotOf(ctx, b.id, b.created, b.template, b.base, refs, b.recGen)
+	rec, err := m.saveSnapshotOf(ctx, b.id, b.created, b.template, b.base, refs, b.held, b.recGen)
 	if err != nil {
 		return nil, err
 	}
@@ -345,7 +349,7 @@ func (m *Manager) saveSnapshot(ctx context.Context, b *box) (*record, error) {
 
 // saveSnapshotOf saves sandbox id's layer as its snapshot. Its record is
 // written only if it is at generation gen (0: only if there is none).
-func (m *Manager) saveSnapshotOf(ctx context.Context, id string, created time.Time, template string, base *record, modules []moduleRef, gen int64) (*record, error) {
+func (m *Manager) saveSnapshotOf(ctx context.Context, id string, created time.Time, template string, base *record, modules []moduleRef, held []transforms.SealedSecret, gen int64) (*record, error) {
 	layer, err := m.exportLayer(ctx, id)
 	if err != nil {
 		return nil, err
@@ -355,7 +359,7 @@ func (m *Manager) saveSnapshotOf(ctx context.Context, id string, created time.Ti
 	if err != nil {
 		return nil, err
 	}
-	rec := &record{Layer: key, Digest: man.Digest, Size: man.Size, Template: template, Created: created, Saved: time.Now().UTC(), Modules: modules}
+	rec := &record{Layer: key, Digest: man.Digest, Size: man.Size, Template: template, Created: created, Saved: time.Now().UTC(), Modules: modules, Held: held}
 	if base != nil {
 		rec.Base, rec.BaseDigest = base.Layer, base.Digest
 	}

@@ -26,6 +26,7 @@ import (
 	"github.com/sandgate/sandgate/netpolicy"
 	"github.com/sandgate/sandgate/relay/ca"
 	"github.com/sandgate/sandgate/snapshot/store"
+	"github.com/sandgate/sandgate/transforms"
 )
 
 // serveCommand builds `sandgate serve`: the appliance. Every setting is a
@@ -78,6 +79,7 @@ Run (IAM in front) or with --allow-open.`,
 			&cli.DurationFlag{Name: "audit-flush", Value: 10 * time.Second, Usage: "write a running sandbox's new audit events to the store every `DURATION` (what a crash can lose of them)", EnvVars: []string{"SANDGATE_AUDIT_FLUSH"}},
 			&cli.DurationFlag{Name: "audit-retention", Value: appliance.DefaultAuditRetention, Usage: "keep a sandbox's audit in the store for `DURATION` (a destroy removes it at once); 0 forever", EnvVars: []string{"SANDGATE_AUDIT_RETENTION"}},
 			&cli.StringSliceFlag{Name: "upstream-ca", Usage: "also trust the PEM certificates in `FILE` for upstreams (tests, private CAs); repeatable", EnvVars: []string{"SANDGATE_UPSTREAM_CA"}},
+			&cli.StringFlag{Name: "seal-key", Usage: "key `MATERIAL` (32 bytes or more) that seals, in each sandbox's record, the credentials its rules have held, so that they stay scrubbed when it resumes; the same on every shard over one store (default: derived from SANDBOX_SERVICE_TOKEN when it is set, else a key kept in the state directory)", EnvVars: []string{"SANDGATE_SEAL_KEY"}},
 			&cli.StringFlag{Name: "intercept-ca", Usage: "the interception CA (hosts a policy's \"intercept\" names): `DIR` to keep it in (ca.pem, ca-key.pem 0600; made if absent), off for none (default: made at start, in memory only)", EnvVars: []string{"SANDGATE_INTERCEPT_CA"}},
 			&cli.BoolFlag{Name: "capture", Value: true, Usage: "capture, in each sandbox, the connections of processes that ignore the proxy variables, and judge them as CONNECT (sandgate sandbox, as root; --capture=false: their lookups fail at once, audited)", EnvVars: []string{"SANDGATE_CAPTURE"}},
 			&cli.StringFlag{Name: "bridge-key", Usage: "the `KEY` the Cloudflare sandbox bridge's routes (/v1/sandbox, /v1/pool) need as Authorization: Bearer; unset, they refuse every request", EnvVars: []string{"SANDBOX_API_KEY"}},
@@ -342,6 +344,10 @@ func runServe(c *cli.Context) error {
 	if checkpoints == 0 {
 		checkpoints = -1
 	}
+	sealKey, err := sealKeyMaterial(c, logger)
+	if err != nil {
+		return err
+	}
 	svc, err := service.New(ctx, service.Config{
 		DNSServers: splitAll(c.StringSlice("dns")), AllowPrivate: sc.allowPrivate, UpstreamRoots: roots, InterceptCA: ica,
 		AuditLog: auditOut, AuditFlush: c.Duration("audit-flush"), Modules: rt, ServiceModules: modules, Store: st, Launcher: lc, Logger: logger,
@@ -349,7 +355,7 @@ func runServe(c *cli.Context) error {
 			ImageID: sc.imageID, Version: serveVersion(), WorkDir: filepath.Join(state, "work"), AuditRetention: auditRetention(c.Duration("audit-retention")),
 			MaxRunning: c.Int("max-sandboxes"), IdleSuspend: idle,
 			AllowedHosts: sc.allowedHosts, BaseURLs: sc.baseURLs, OutputBytes: int(sc.outputBytes),
-			Shard: shard, CheckpointInterval: checkpoints,
+			Shard: shard, CheckpointInterval: checkpoints, SealKey: sealKey,
 		},
 		PeerAuth: peerAuth(sc.cloudRun, logger),
 		Server: server.Config{
@@ -459,6 +465,26 @@ func hiddenPaths(c *cli.Context, state string) []string {
 		add(p)
 	}
 	return out
+}
+
+// sealKeyMaterial is the material of the seal key of held credentials
+// (appliance.ManagerConfig.SealKey): SANDGATE_SEAL_KEY, else the service
+// token (which every shard has), else none (the manager keeps a key in
+// the state directory).
+func sealKeyMaterial(c *cli.Context, logger *slog.Logger) ([]byte, error) {
+	if k := c.String("seal-key"); k != "" {
+		if len(k) < 32 {
+			return nil, badInput("SANDGATE_SEAL_KEY (--seal-key) is %d bytes: give at least 32 (e.g. openssl rand -base64 32), the same on every shard", len(k))
+		}
+		logger.Info("held credentials are sealed with SANDGATE_SEAL_KEY")
+		return []byte(k), nil
+	}
+	if t := c.String("token"); len(t) >= transforms.MinSealKeyMaterial {
+		logger.Info("held credentials are sealed with a key derived from SANDBOX_SERVICE_TOKEN (SANDGATE_SEAL_KEY unset): after the token changes, set SANDGATE_SEAL_KEY to the old token")
+		return []byte(t), nil
+	}
+	logger.Info("held credentials are sealed with a key kept in the state directory (SANDGATE_SEAL_KEY unset): shards over one store need SANDGATE_SEAL_KEY, the same on each")
+	return nil, nil
 }
 
 // interceptCA is the interception CA of --intercept-ca: made in memory

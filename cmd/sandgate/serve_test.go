@@ -56,6 +56,7 @@ func TestServeRefusesBadSettings(t *testing.T) {
 		{[]string{"SANDGATE_BRIDGE_ALLOWED_HOSTS=bad host"}, "SANDGATE_BRIDGE_ALLOWED_HOSTS"},
 		{[]string{"SANDGATE_BRIDGE_BASE_URLS=nokey"}, "SANDGATE_BRIDGE_BASE_URLS"},
 		{[]string{"SANDGATE_BRIDGE_MAX_BODY=huge"}, "SANDGATE_BRIDGE_MAX_BODY"},
+		{[]string{"SANDGATE_SEAL_KEY=too-short-a-key"}, "SANDGATE_SEAL_KEY"},
 	} {
 		cmd := exec.Command(binary(t), "serve")
 		cmd.Env = serveEnv(t, tc.env...)
