@@ -51,11 +51,12 @@ func TestRotatedKeyScrubbedForTheSandboxsLife(t *testing.T) {
 	ctx := a.ctx()
 	keyA, keyB, keyC := a.canary, newKey("sk-rotated-b-"), newKey("sk-rotated-c-")
 	network := NetworkSpec{Policy: ptr(a.pol), BaseURLs: map[string]string{"ANTHROPIC_BASE_URL": "https://api.example.com"}}
-	kept := func(r *mrig) string {
+	keptIn := func(r *mrig, id string) string {
 		t.Helper()
-		_, out := r.sh("rot", `curl -sS -H 'X-Api-Key: sandgate-placeholder-key' "$ANTHROPIC_BASE_URL/v1/kept"`)
+		_, out := r.sh(id, `curl -sS -H 'X-Api-Key: sandgate-placeholder-key' "$ANTHROPIC_BASE_URL/v1/kept"`)
 		return out
 	}
+	kept := func(r *mrig) string { t.Helper(); return keptIn(r, "rot") }
 	masked := "the key I hold: " + strings.Repeat(string(transforms.PartialMask), len(keyA))
 
 	a.create("rot", CreateOptions{Network: network, Rules: keyRules(t, keyA)})
@@ -147,6 +148,25 @@ func TestRotatedKeyScrubbedForTheSandboxsLife(t *testing.T) {
 	if got := kept(b); got != masked {
 		t.Errorf("back on a shard with the key: %q, want %q", got, masked)
 	}
+	// A fork holds what its source held: running, and suspended.
+	if _, err := b.m.Fork(ctx, "rot", "rot-fork", ForkOptions{Network: &network}); err != nil {
+		t.Fatal(err)
+	}
+	if got := keptIn(b, "rot-fork"); got != masked {
+		t.Errorf("a fork of the running sandbox: %q, want %q", got, masked)
+	}
+	if err := b.m.Suspend(ctx, "rot-fork"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.m.Fork(ctx, "rot-fork", "rot-fork2", ForkOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.m.Resume(ctx, "rot-fork2", ResumeOptions{Network: network}); err != nil {
+		t.Fatal(err)
+	}
+	if got := keptIn(b, "rot-fork2"); got != masked {
+		t.Errorf("a fork of the suspended fork: %q, want %q", got, masked)
+	}
 
 	// No store object and no log holds a key, or a run of one.
 	for _, key := range []string{keyA, keyB, keyC} {
@@ -161,7 +181,9 @@ func TestRotatedKeyScrubbedForTheSandboxsLife(t *testing.T) {
 			}
 		}
 	}
-	if err := b.m.Destroy(context.WithoutCancel(ctx), "rot"); err != nil {
-		t.Fatal(err)
+	for _, id := range []string{"rot", "rot-fork", "rot-fork2"} {
+		if err := b.m.Destroy(context.WithoutCancel(ctx), id); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
