@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sandgate/sandgate/netpolicy"
+	"github.com/sandgate/sandgate/relay/audit"
 	"github.com/sandgate/sandgate/transforms"
 	"github.com/sandgate/sandgate/transforms/wasm"
 )
@@ -94,6 +95,17 @@ func badRequest(format string, args ...any) *Error {
 
 func limitError(reason string, retry time.Duration) *Error {
 	return &Error{Status: http.StatusTooManyRequests, Code: CodeLimit, Reason: reason, RetryAfter: retry}
+}
+
+// sealedRefusal makes ev a refusal (deny, its code and reason) when err is
+// the chain's refusal of a host whose answers could carry a held
+// credential this service cannot unseal: sandgate's own check, not a
+// failure after the policy allowed.
+func sealedRefusal(ev *audit.Event, err error) {
+	if errors.Is(err, transforms.ErrSealed) {
+		e := asError(err)
+		ev.Allow, ev.Code, ev.Reason = false, e.Code, e.Reason
+	}
 }
 
 // denied turns a policy denial into the 403 the sandbox sees.

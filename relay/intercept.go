@@ -481,6 +481,7 @@ func (cc *clientConn) switchProtocols(ctx context.Context, req *http.Request, t 
 	}
 	x, err := chain.Request(ctx, out, info)
 	if err != nil {
+		sealedRefusal(ev, err)
 		return x, err
 	}
 	if ans := x.Answer(); ans != nil {

@@ -90,6 +90,9 @@ func TestSealedElsewhereHostRefused(t *testing.T) {
 	if b := body(t, resp); resp.StatusCode != http.StatusForbidden || !strings.Contains(b, CodeSealedCredential) || !strings.Contains(b, "SANDGATE_SEAL_KEY") {
 		t.Errorf("route: %d %q", resp.StatusCode, b)
 	}
+	if ev := e.eventsOf(audit.Route, 1)[0]; ev.Allow || ev.Code != CodeSealedCredential || ev.Status != http.StatusForbidden {
+		t.Errorf("route event = %+v, want a deny", ev)
+	}
 	r := e.raw("CONNECT api.example.com:443 HTTP/1.1\r\n\r\n")
 	if b := body(t, r); r.StatusCode != http.StatusForbidden || !strings.Contains(b, CodeSealedCredential) {
 		t.Errorf("CONNECT: %d %q", r.StatusCode, b)
