@@ -673,7 +673,7 @@ func (m *Manager) SetRules(ctx context.Context, id string, rules []transforms.Ru
 		return err
 	}
 	if h := rs.HeldWith(all...); h > transforms.MaxHeldSecrets {
-		return fmt.Errorf("%w: sandbox %q would have held %d credentials, and each stays scrubbed for its life: %d is the most; destroy it and start another", ErrBadInput, id, h, transforms.MaxHeldSecrets)
+		return tooManyHeld(id, h)
 	}
 	if held := rs.SealWith(m.seal, id, all...); heldChanged(b.held, held) {
 		if err := m.writeHeld(ctx, b, held); err != nil {
@@ -893,6 +893,10 @@ func (m *Manager) Fork(ctx context.Context, src, dst string, opts ForkOptions) (
 		if err != nil {
 			return "", err
 		}
+		held := m.resealHeld(src, dst, sb.held)
+		if err := m.checkHeld(dst, opts.Rules, held); err != nil {
+			return "", err
+		}
 		if err := m.reserve(); err != nil {
 			return "", err
 		}
@@ -902,7 +906,6 @@ func (m *Manager) Fork(ctx context.Context, src, dst string, opts ForkOptions) (
 		}
 		db.created, db.template, db.spec, db.network, db.modules = time.Now().UTC(), sb.template, spec, network, cloneSources(sb.modules)
 		m.setBase(db, sb.base)
-		held := m.resealHeld(src, dst, sb.held)
 		if _, err := m.attach(ctx, db, startOptions{Rules: opts.Rules, Agent: opts.Agent, Held: held}); err != nil {
 			m.setBase(db, nil)
 			m.unreserve()

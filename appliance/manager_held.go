@@ -72,12 +72,34 @@ func openSealKey(cfg ManagerConfig, work string) (*transforms.SealKey, error) {
 // unsealHeld gives rs, the rules sandbox id starts with, the secrets its
 // rules held before (sealed for id), and returns what the box keeps: all
 // it holds now, sealed. Secrets this service cannot unseal are logged: rs
-// refuses their hosts.
-func (m *Manager) unsealHeld(id string, rs *transforms.RuleSet, sealed []transforms.SealedSecret) []transforms.SealedSecret {
+// refuses their hosts. Rules that would make it hold more than
+// transforms.MaxHeldSecrets are refused (ErrBadInput).
+func (m *Manager) unsealHeld(id string, rs *transforms.RuleSet, sealed []transforms.SealedSecret) ([]transforms.SealedSecret, error) {
 	if err := rs.Unseal(m.seal, id, sealed); err != nil {
 		m.log.Error(fmt.Sprintf("sandbox %s: %v", id, err), "sandbox", id)
 	}
-	return rs.Seal(m.seal, id)
+	if n := rs.Held(); n > transforms.MaxHeldSecrets {
+		return nil, tooManyHeld(id, n)
+	}
+	return rs.Seal(m.seal, id), nil
+}
+
+// checkHeld refuses (as unsealHeld would) to start sandbox id with rules
+// over sealed when it would hold too many credentials: for a fork, before
+// the sandbox CLI copies anything.
+func (m *Manager) checkHeld(id string, rules []transforms.Rule, sealed []transforms.SealedSecret) error {
+	rs := transforms.NewRuleSet(rules...)
+	defer rs.Forget()
+	rs.Unseal(m.seal, id, sealed) // what does not open still counts
+	if n := rs.Held(); n > transforms.MaxHeldSecrets {
+		return tooManyHeld(id, n)
+	}
+	return nil
+}
+
+// tooManyHeld refuses rules that would make sandbox id hold n credentials.
+func tooManyHeld(id string, n int) error {
+	return fmt.Errorf("%w: sandbox %q would have held %d credentials, and each stays scrubbed for its life: %d is the most; give it rules with the credentials it holds already, or destroy it and start another", ErrBadInput, id, n, transforms.MaxHeldSecrets)
 }
 
 // resealHeld returns the secrets sandbox src's rules held, sealed for dst

@@ -187,3 +187,43 @@ func TestRotatedKeyScrubbedForTheSandboxsLife(t *testing.T) {
 		}
 	}
 }
+
+// A sandbox holds at most transforms.MaxHeldSecrets credentials over its
+// life: a change of rules past that is refused, leaving its rules as they
+// were, and so is a resume with a new one; a resume with the credentials it
+// holds already is not.
+func TestHeldCredentialsBounded(t *testing.T) {
+	r := newManagerRig(t, newStore(t, "dir"), nil)
+	ctx := r.ctx()
+	network := NetworkSpec{Policy: ptr(r.pol), BaseURLs: map[string]string{"ANTHROPIC_BASE_URL": "https://api.example.com"}}
+	keys := make([]string, transforms.MaxHeldSecrets+1)
+	for i := range keys {
+		keys[i] = newKey("sk-bounded-")
+	}
+	r.create("many", CreateOptions{Network: network, Rules: keyRules(t, keys[0])})
+	for i := 1; i < transforms.MaxHeldSecrets; i++ {
+		if err := r.m.SetRules(ctx, "many", keyRules(t, keys[i]), false); err != nil {
+			t.Fatalf("rotation %d: %v", i, err)
+		}
+	}
+	last := keys[transforms.MaxHeldSecrets-1]
+	err := r.m.SetRules(ctx, "many", keyRules(t, keys[transforms.MaxHeldSecrets]), false)
+	if !errors.Is(err, ErrBadInput) || !strings.Contains(err.Error(), "256 is the most") {
+		t.Fatalf("a credential past the bound: %v, want ErrBadInput", err)
+	}
+	if _, out := r.sh("many", `curl -sS -H 'X-Api-Key: sandgate-placeholder-key' "$ANTHROPIC_BASE_URL/v1/x"`); out != "upstream saw GET /v1/x" {
+		t.Fatalf("after the refused change: %q", out)
+	}
+	if seen := r.seenByUpstream(); !strings.HasSuffix(seen[len(seen)-1], "key="+last) {
+		t.Errorf("after the refused change the upstream got %q, want the credential it held", seen[len(seen)-1])
+	}
+	if err := r.m.Suspend(ctx, "many"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.m.Resume(ctx, "many", ResumeOptions{Network: network, Rules: keyRules(t, keys[transforms.MaxHeldSecrets])}); !errors.Is(err, ErrBadInput) {
+		t.Fatalf("a resume with a credential past the bound: %v, want ErrBadInput", err)
+	}
+	if _, err := r.m.Resume(ctx, "many", ResumeOptions{Network: network, Rules: keyRules(t, last)}); err != nil {
+		t.Fatalf("a resume with a credential it holds: %v", err)
+	}
+}

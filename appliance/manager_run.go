@@ -56,9 +56,6 @@ func (m *Manager) start(ctx context.Context, b *box, rec *record, so startOption
 		b.state.Store(State(""))
 		return nil, err
 	}
-	rs := transforms.NewRuleSet(so.Rules...)
-	b.held = m.unsealHeld(b.id, rs, so.Held)
-	opts := Options{Policy: b.network.Policy, Transforms: rs, Modules: mods, Agent: m.agentConfig(b, so)}
 	var cleanups []func()
 	defer func() {
 		for _, c := range cleanups {
@@ -72,6 +69,11 @@ func (m *Manager) start(ctx context.Context, b *box, rec *record, so startOption
 		}
 		return nil, err
 	}
+	rs := transforms.NewRuleSet(so.Rules...)
+	if b.held, err = m.unsealHeld(b.id, rs, so.Held); err != nil {
+		return fail(err)
+	}
+	opts := Options{Policy: b.network.Policy, Transforms: rs, Modules: mods, Agent: m.agentConfig(b, so)}
 	switch {
 	case rec != nil && rec.legacy:
 		file, cleanup, err := m.fetchLegacy(ctx, rec.Layer)
@@ -129,7 +131,13 @@ func (m *Manager) attach(ctx context.Context, b *box, so startOptions) (*Sandbox
 		return nil, err
 	}
 	rs := transforms.NewRuleSet(so.Rules...)
-	b.held = m.unsealHeld(b.id, rs, so.Held)
+	if b.held, err = m.unsealHeld(b.id, rs, so.Held); err != nil {
+		b.state.Store(State(""))
+		if mods != nil {
+			mods.Close(context.WithoutCancel(ctx))
+		}
+		return nil, err
+	}
 	opts := Options{Policy: b.network.Policy, Transforms: rs, Modules: mods, Agent: m.agentConfig(b, so)}
 	sb, err := Attach(ctx, m.l, m.proxy, b.id, opts)
 	if err != nil {
