@@ -30,9 +30,10 @@ import (
 // Forget drops everything, held secrets included: the set then holds
 // nothing a sandbox ever gave it.
 
-// MaxHeldSecrets bounds the distinct secrets one set holds and has held:
-// each stays scrubbed for the sandbox's life, so a change of rules that
-// would go past it is refused (see [RuleSet.HeldWith]).
+// MaxHeldSecrets bounds the distinct secrets a sandbox's set holds and has
+// held: each stays scrubbed for the sandbox's life, so the service refuses
+// rules that would take it past (see [RuleSet.HeldWith]); Set and Add do
+// not check it.
 const MaxHeldSecrets = 256
 
 // heldSecret is one secret a set holds or held. It is immutable.
