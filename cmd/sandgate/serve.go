@@ -344,7 +344,7 @@ func runServe(c *cli.Context) error {
 	if checkpoints == 0 {
 		checkpoints = -1
 	}
-	sealKey, err := sealKeyMaterial(c, logger)
+	sealKey, sealFrom, err := sealKeyMaterial(c)
 	if err != nil {
 		return err
 	}
@@ -394,7 +394,7 @@ func runServe(c *cli.Context) error {
 	shardID, shardURL := svc.Manager.Shard()
 	logger.Info("sandgate serving", "addr", ln.Addr().String(), "cli", svc.Launcher.String(), "store", storeName(c), "image_id", sc.imageID,
 		"template_namespace", svc.Manager.Namespace(), "cloud_run", sc.cloudRun, "token", c.String("token") != "",
-		"shard", shardID, "shard_url", shardURL, "cloudflare_bridge", c.String("bridge-key") != "")
+		"shard", shardID, "shard_url", shardURL, "cloudflare_bridge", c.String("bridge-key") != "", "seal_key", sealFrom)
 
 	select {
 	case err := <-served:
@@ -468,23 +468,22 @@ func hiddenPaths(c *cli.Context, state string) []string {
 }
 
 // sealKeyMaterial is the material of the seal key of held credentials
-// (appliance.ManagerConfig.SealKey): SANDGATE_SEAL_KEY, else the service
-// token (which every shard has), else none (the manager keeps a key in
-// the state directory).
-func sealKeyMaterial(c *cli.Context, logger *slog.Logger) ([]byte, error) {
+// (appliance.ManagerConfig.SealKey), and where it came from, for the log:
+// SANDGATE_SEAL_KEY, else the service token (which every shard has; after
+// it changes, the old token is the seal key), else none (the manager keeps
+// a key in the state directory: shards over one store need
+// SANDGATE_SEAL_KEY).
+func sealKeyMaterial(c *cli.Context) ([]byte, string, error) {
 	if k := c.String("seal-key"); k != "" {
 		if len(k) < 32 {
-			return nil, badInput("SANDGATE_SEAL_KEY (--seal-key) is %d bytes: give at least 32 (e.g. openssl rand -base64 32), the same on every shard", len(k))
+			return nil, "", badInput("SANDGATE_SEAL_KEY (--seal-key) is %d bytes: give at least 32 (e.g. openssl rand -base64 32), the same on every shard", len(k))
 		}
-		logger.Info("held credentials are sealed with SANDGATE_SEAL_KEY")
-		return []byte(k), nil
+		return []byte(k), "SANDGATE_SEAL_KEY", nil
 	}
 	if t := c.String("token"); len(t) >= transforms.MinSealKeyMaterial {
-		logger.Info("held credentials are sealed with a key derived from SANDBOX_SERVICE_TOKEN (SANDGATE_SEAL_KEY unset): after the token changes, set SANDGATE_SEAL_KEY to the old token")
-		return []byte(t), nil
+		return []byte(t), "SANDBOX_SERVICE_TOKEN", nil
 	}
-	logger.Info("held credentials are sealed with a key kept in the state directory (SANDGATE_SEAL_KEY unset): shards over one store need SANDGATE_SEAL_KEY, the same on each")
-	return nil, nil
+	return nil, "state directory", nil
 }
 
 // interceptCA is the interception CA of --intercept-ca: made in memory
