@@ -140,6 +140,13 @@ type ManagerConfig struct {
 	// (AttachTerminal); 0 means DefaultTerminalGrace, negative none (it
 	// is hung up at once).
 	TerminalGrace time.Duration
+	// SealKey is the key material (at least transforms.MinSealKeyMaterial
+	// bytes) of the key that seals, in a sandbox's record, the credentials
+	// its rules have held, so that they stay scrubbed when it resumes:
+	// every shard over one store needs the same. Empty means a key kept
+	// in WorkDir (SealKeyFile, made if absent; one in memory without a
+	// WorkDir).
+	SealKey []byte
 }
 
 // Defaults of ManagerConfig.
@@ -257,6 +264,7 @@ type Manager struct {
 	met   *metrics
 	// output bounds the output kept of every command (OutputBudget).
 	output *outputBudget
+	seal   *transforms.SealKey // seals the credentials sandboxes' rules held
 
 	mu       sync.Mutex
 	boxes    map[string]*box
@@ -314,7 +322,10 @@ type box struct {
 	recGen int64
 	// saved is when its state was last saved (resumed from, or
 	// checkpointed); zero when never (a new sandbox).
-	saved    time.Time
+	saved time.Time
+	// held is every credential its rules hold or have held, sealed: what
+	// its record and journal entry keep (see manager_held.go).
+	held     []transforms.SealedSecret
 	sessions sessionTable // its own lock; see manager_sessions.go
 	// expires is when it reaches its lifetime while it runs (unix
 	// nanoseconds; 0 never): read by the idle loop without the id's lock.
@@ -408,8 +419,12 @@ func NewManager(ctx context.Context, cfg ManagerConfig) (*Manager, error) {
 	if err := os.MkdirAll(work, 0o700); err != nil {
 		return nil, fmt.Errorf("appliance: work directory: %w", err)
 	}
+	seal, err := openSealKey(cfg, work)
+	if err != nil {
+		return nil, err
+	}
 	m := &Manager{
-		cfg: cfg, l: cfg.Launcher, proxy: cfg.Proxy, st: cfg.Store, work: work,
+		cfg: cfg, l: cfg.Launcher, proxy: cfg.Proxy, st: cfg.Store, work: work, seal: seal,
 		ns:    TemplateNamespace(cfg.Version, cfg.ImageID),
 		log:   cfg.Logger,
 		met:   newMetrics(cfg.Metrics, output),
@@ -758,7 +773,7 @@ func (m *Manager) resumeLocked(ctx context.Context, b *box, rec *record, opts Re
 	b.created, b.template, b.spec, b.network, b.modules = rec.Created, rec.Template, spec, network, mods
 	b.limits = rec.Limits
 	m.setBase(b, rec.baseRecord())
-	sb, err = m.start(ctx, b, rec, startOptions{Rules: opts.Rules, Agent: opts.Agent, Dirs: opts.Dirs})
+	sb, err = m.start(ctx, b, rec, startOptions{Rules: opts.Rules, Agent: opts.Agent, Dirs: opts.Dirs, Held: rec.Held})
 	if err != nil {
 		m.setBase(b, nil)
 		m.unreserve()
@@ -828,7 +843,11 @@ func (m *Manager) SetNetwork(ctx context.Context, id string, spec NetworkSpec) e
 // after them: the proxy applies them from the next request on, the hosts
 // they target become reachable by its routes, and the credential guard
 // searches what goes into the sandbox for their secrets. They are held in
-// memory only and dropped the moment the sandbox stops running.
+// memory only and dropped the moment the sandbox stops running. The
+// secrets of rules replaced stay scrubbed from the answers of their hosts
+// for the sandbox's life: its record keeps them sealed, and is written
+// before the change when the sandbox is to hold a new secret (a sandbox
+// that would hold more than transforms.MaxHeldSecrets is refused).
 func (m *Manager) SetRules(ctx context.Context, id string, rules []transforms.Rule, add bool) error {
 	b, release, err := m.acquire(ctx, id)
 	if err != nil {
@@ -839,15 +858,24 @@ func (m *Manager) SetRules(ctx context.Context, id string, rules []transforms.Ru
 	if sb == nil {
 		return fmt.Errorf("%w: sandbox %q is not running", ErrNotRunning, id)
 	}
+	rs := sb.relay.Transforms()
 	all := rules
 	if add {
-		all = append(sb.relay.Transforms().Rules(), rules...)
+		all = append(rs.Rules(), rules...)
 	}
 	n, err := m.effectiveNetwork(b.spec, all)
 	if err != nil {
 		return err
 	}
-	sb.relay.Transforms().Set(all...)
+	if h := rs.HeldWith(all...); h > transforms.MaxHeldSecrets {
+		return tooManyHeld(id, h)
+	}
+	if held := rs.SealWith(m.seal, id, all...); heldChanged(b.held, held) {
+		if err := m.writeHeld(ctx, b, held); err != nil {
+			return err
+		}
+	}
+	rs.Set(all...)
 	b.network = n
 	sb.setNetwork(n)
 	return nil
@@ -1134,6 +1162,10 @@ func (m *Manager) Fork(ctx context.Context, src, dst string, opts ForkOptions) (
 		if err != nil {
 			return "", err
 		}
+		held := m.resealHeld(src, dst, sb.held)
+		if err := m.checkHeld(dst, opts.Rules, held); err != nil {
+			return "", err
+		}
 		if err := m.reserve(); err != nil {
 			return "", err
 		}
@@ -1144,7 +1176,7 @@ func (m *Manager) Fork(ctx context.Context, src, dst string, opts ForkOptions) (
 		db.created, db.template, db.spec, db.network, db.modules = time.Now().UTC(), sb.template, spec, network, slices.Clone(sb.modules)
 		db.limits = sb.limits
 		m.setBase(db, sb.base)
-		if _, err := m.attach(ctx, db, startOptions{Rules: opts.Rules, Agent: opts.Agent}); err != nil {
+		if _, err := m.attach(ctx, db, startOptions{Rules: opts.Rules, Agent: opts.Agent, Held: held}); err != nil {
 			m.setBase(db, nil)
 			m.unreserve()
 			return "", err
@@ -1162,6 +1194,7 @@ func (m *Manager) Fork(ctx context.Context, src, dst string, opts ForkOptions) (
 	if rec.legacy {
 		copy = m.copyLegacy
 	}
+	rec.Held = m.resealHeld(src, dst, rec.Held)
 	if err := copy(ctx, rec, dst); err != nil {
 		return "", err
 	}

@@ -123,7 +123,7 @@ func (m *Manager) checkpoint(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	rec := &record{Layer: key, Digest: man.Digest, Size: man.Size, Template: b.template, Created: b.created, Saved: start.UTC(), Modules: refs, Limits: b.limits, Spent: true,
+	rec := &record{Layer: key, Digest: man.Digest, Size: man.Size, Template: b.template, Created: b.created, Saved: start.UTC(), Modules: refs, Limits: b.limits, Held: b.held, Spent: true,
 		Network: saveNetwork(b.spec)}
 	if b.base != nil {
 		rec.Base, rec.BaseDigest = b.base.Layer, b.base.Digest

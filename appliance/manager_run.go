@@ -20,6 +20,9 @@ type startOptions struct {
 	Rules []transforms.Rule
 	Agent *agent.Config
 	Dirs  []string
+	// Held are the credentials the sandbox's rules held before, sealed for
+	// it (its record's, or its fork source's): scrubbed, as its rules'.
+	Held []transforms.SealedSecret
 }
 
 // agentConfig is the agent configuration a sandbox starts with: the
@@ -53,7 +56,6 @@ func (m *Manager) start(ctx context.Context, b *box, rec *record, so startOption
 		b.state.Store(State(""))
 		return nil, err
 	}
-	opts := Options{Policy: b.network.Policy, Transforms: transforms.NewRuleSet(so.Rules...), Modules: mods, Agent: m.agentConfig(b, so), Limits: m.effectiveLimits(b.limits)}
 	var cleanups []func()
 	defer func() {
 		for _, c := range cleanups {
@@ -67,6 +69,11 @@ func (m *Manager) start(ctx context.Context, b *box, rec *record, so startOption
 		}
 		return nil, err
 	}
+	rs := transforms.NewRuleSet(so.Rules...)
+	if b.held, err = m.unsealHeld(b.id, rs, so.Held); err != nil {
+		return fail(err)
+	}
+	opts := Options{Policy: b.network.Policy, Transforms: rs, Modules: mods, Agent: m.agentConfig(b, so)}
 	switch {
 	case rec != nil && rec.legacy:
 		file, cleanup, err := m.fetchLegacy(ctx, rec.Layer, m.l.BareImports())
@@ -123,7 +130,15 @@ func (m *Manager) attach(ctx context.Context, b *box, so startOptions) (*Sandbox
 		b.state.Store(State(""))
 		return nil, err
 	}
-	opts := Options{Policy: b.network.Policy, Transforms: transforms.NewRuleSet(so.Rules...), Modules: mods, Agent: m.agentConfig(b, so), Limits: m.effectiveLimits(b.limits)}
+	rs := transforms.NewRuleSet(so.Rules...)
+	if b.held, err = m.unsealHeld(b.id, rs, so.Held); err != nil {
+		b.state.Store(State(""))
+		if mods != nil {
+			mods.Close(context.WithoutCancel(ctx))
+		}
+		return nil, err
+	}
+	opts := Options{Policy: b.network.Policy, Transforms: rs, Modules: mods, Agent: m.agentConfig(b, so), Limits: m.effectiveLimits(b.limits)}
 	sb, err := Attach(ctx, m.l, m.proxy, b.id, opts)
 	if err != nil {
 		b.state.Store(State(""))
@@ -176,11 +191,12 @@ func (m *Manager) publish(ctx context.Context, b *box, sb *Sandbox, so startOpti
 // its network as its caller gave it). Its credentials are not in it: they
 // live in memory only.
 type journalEntry struct {
-	Created  time.Time   `json:"created"`
-	Template string      `json:"template,omitempty"`
-	Base     *record     `json:"base,omitempty"`
-	Modules  []moduleRef `json:"modules,omitempty"` // their bytes are in the store
-	Limits   Limits      `json:"limits,omitzero"`
+	Created  time.Time                 `json:"created"`
+	Template string                    `json:"template,omitempty"`
+	Base     *record                   `json:"base,omitempty"`
+	Modules  []moduleRef               `json:"modules,omitempty"` // their bytes are in the store
+	Held     []transforms.SealedSecret `json:"held,omitempty"`    // sealed
+	Limits   Limits                    `json:"limits,omitzero"`
 	// Network is what its caller said of where it may go (no credential).
 	Network *savedNetwork `json:"network,omitempty"`
 }
@@ -195,7 +211,7 @@ func (m *Manager) journal(b *box) error {
 	if err != nil {
 		return err
 	}
-	data, err := json.Marshal(journalEntry{Created: b.created, Template: b.template, Base: b.base, Modules: refs, Limits: b.limits, Network: saveNetwork(b.spec)})
+	data, err := json.Marshal(journalEntry{Created: b.created, Template: b.template, Base: b.base, Modules: refs, Held: b.held, Limits: b.limits, Network: saveNetwork(b.spec)})
 	if err != nil {
 		return err
 	}

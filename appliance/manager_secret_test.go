@@ -65,6 +65,9 @@ func holdsSecret(m *Manager, stopped *Sandbox) error {
 		if n := sb.relay.Transforms().Len(); n > 0 {
 			return fmt.Errorf("sandbox %s (%p) still holds %d credential rules", sb.id, sb, n)
 		}
+		if n := sb.relay.Transforms().Held(); n > 0 {
+			return fmt.Errorf("sandbox %s (%p) still holds %d credentials its rules held", sb.id, sb, n)
+		}
 		if sb.relay.Modules() != nil {
 			return fmt.Errorf("sandbox %s (%p) still holds its modules", sb.id, sb)
 		}
@@ -85,15 +88,15 @@ func holdsSecret(m *Manager, stopped *Sandbox) error {
 	return nil
 }
 
-// TestNoSecretAfterStop: a sandbox's credentials leave the service's
-// memory when it stops, by every path: idle suspend, SaveAll (what
-// shutdown runs) and destroy. The manager's own objects say so, and a
+// TestNoSecretAfterStop: a sandbox's credentials (and those its rules held
+// before a rotation) leave the service's memory when it stops, by every
+// path: idle suspend, SaveAll (what shutdown runs) and destroy. The manager's own objects say so, and a
 // heap dump of the whole process, taken after, holds no copy.
 func TestNoSecretAfterStop(t *testing.T) {
 	if testing.Short() {
 		t.Skip("heap dump")
 	}
-	secret := newMaskedSecret()
+	secret, rotated := newMaskedSecret(), newMaskedSecret()
 	discard := slog.New(slog.DiscardHandler)
 	idle := newManagerRig(t, newStore(t, "dir"), func(c *ManagerConfig) { c.IdleSuspend, c.Logger = 300*time.Millisecond, discard })
 	busy := newManagerRig(t, newStore(t, "dir"), func(c *ManagerConfig) { c.Logger = discard })
@@ -131,8 +134,11 @@ func TestNoSecretAfterStop(t *testing.T) {
 		t.Errorf("after an idle suspend: %v", err)
 	}
 
-	// SaveAll.
+	// SaveAll, after a rotation: the secret retired is dropped too.
 	sb = use(busy, "saved")
+	if err := busy.m.SetRules(ctx, "saved", rotated.rules(t), false); err != nil {
+		t.Fatal(err)
+	}
 	if res := busy.m.SaveAll(ctx); len(res.Failed) > 0 || len(res.Saved) != 1 {
 		t.Fatalf("SaveAll: %+v", res)
 	}
@@ -158,7 +164,7 @@ func TestNoSecretAfterStop(t *testing.T) {
 	for _, r := range []*mrig{idle, busy} {
 		r.mu.Lock()
 		clear(r.seen)
-		r.seen = nil
+		r.seen, r.kept = nil, ""
 		r.mu.Unlock()
 	}
 	// A value the test holds on the heap: the dump must show it, or it
@@ -178,10 +184,12 @@ func TestNoSecretAfterStop(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := secret.reveal()
-	if i := bytes.Index(b, want); i >= 0 {
-		lo, hi := max(0, i-200), min(len(b), i+len(want)+200)
-		t.Errorf("a heap dump of the service, its sandboxes stopped, holds the secret at offset %d of %d:\n%q", i, len(b), b[lo:hi])
+	for _, s := range []*maskedSecret{secret, rotated} {
+		want := s.reveal()
+		if i := bytes.Index(b, want); i >= 0 {
+			lo, hi := max(0, i-200), min(len(b), i+len(want)+200)
+			t.Errorf("a heap dump of the service, its sandboxes stopped, holds a secret at offset %d of %d:\n%q", i, len(b), b[lo:hi])
+		}
 	}
 	if !bytes.Contains(b, sentinel) {
 		t.Errorf("the heap dump lacks a value the test holds: it cannot be trusted to show the secret")

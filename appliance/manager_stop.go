@@ -278,7 +278,7 @@ func (m *Manager) recoverSandbox(ctx context.Context, id string, created time.Ti
 	} else if !errors.Is(err, store.ErrNotFound) {
 		return err
 	}
-	if _, err := m.saveSnapshotOf(ctx, id, j.Created, j.Template, j.Base, j.Modules, gen, recordMeta{Network: j.Network, Reason: SuspendedRecovery, Limits: j.Limits}); err != nil {
+	if _, err := m.saveSnapshotOf(ctx, id, j.Created, j.Template, j.Base, j.Modules, gen, recordMeta{Network: j.Network, Reason: SuspendedRecovery, Limits: j.Limits, Held: j.Held}); err != nil {
 		return err
 	}
 	if err := m.l.Delete(ctx, id); err != nil && !errors.Is(err, ErrNotFound) {

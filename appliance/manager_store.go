@@ -24,6 +24,7 @@ import (
 	"github.com/sandgate/sandgate/netpolicy"
 	"github.com/sandgate/sandgate/snapshot"
 	"github.com/sandgate/sandgate/snapshot/store"
+	"github.com/sandgate/sandgate/transforms"
 )
 
 // The store, as the manager lays it out:
@@ -95,6 +96,9 @@ type record struct {
 	// Limits are the sandbox's own limits (CreateOptions.Limits), applied
 	// again, over the service's defaults, when it resumes.
 	Limits Limits `json:"limits,omitzero"`
+	// Held are the credentials the sandbox's rules hold and have held,
+	// sealed (see manager_held.go): scrubbed again when it resumes.
+	Held []transforms.SealedSecret `json:"held,omitempty"`
 
 	// legacy: not a record in the store but the reference service's
 	// object at legacyKey (Layer), which has no digest to check.
@@ -487,7 +491,7 @@ func (m *Manager) saveSnapshot(ctx context.Context, b *box, reason SuspendReason
 	if err != nil {
 		return nil, err
 	}
-	rec, err := m.saveSnapshotOf(ctx, b.id, b.created, b.template, b.base, refs, b.recGen, recordMeta{Network: saveNetwork(b.spec), Reason: reason, Limits: b.limits})
+	rec, err := m.saveSnapshotOf(ctx, b.id, b.created, b.template, b.base, refs, b.recGen, recordMeta{Network: saveNetwork(b.spec), Reason: reason, Limits: b.limits, Held: b.held})
 	if err != nil {
 		return nil, err
 	}
@@ -501,6 +505,7 @@ type recordMeta struct {
 	Network *savedNetwork
 	Reason  SuspendReason
 	Limits  Limits
+	Held    []transforms.SealedSecret
 }
 
 // saveSnapshotOf saves sandbox id's layer as its snapshot. Its record is
@@ -516,7 +521,7 @@ func (m *Manager) saveSnapshotOf(ctx context.Context, id string, created time.Ti
 		return nil, err
 	}
 	rec := &record{Layer: key, Digest: man.Digest, Size: man.Size, Template: template, Created: created, Saved: time.Now().UTC(), Modules: modules,
-		Network: meta.Network, Reason: meta.Reason, Limits: meta.Limits}
+		Network: meta.Network, Reason: meta.Reason, Limits: meta.Limits, Held: meta.Held}
 	if base != nil {
 		rec.Base, rec.BaseDigest = base.Layer, base.Digest
 	}

@@ -791,11 +791,12 @@ func (s *Sandbox) releaseProcesses() {
 	}
 }
 
-// dropSecrets empties the sandbox's credential rules and closes its
+// dropSecrets empties the sandbox's credential rules (and forgets the
+// secrets they held before: its record keeps them sealed) and closes its
 // modules: run once it stops running, by whatever path, so that no secret
 // of a sandbox that does not run stays in the service.
 func (s *Sandbox) dropSecrets() {
-	s.relay.Transforms().Set()
+	s.relay.Transforms().Forget()
 	if mods := s.relay.Modules(); mods != nil {
 		s.relay.SetModules(nil)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

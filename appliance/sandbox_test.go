@@ -73,6 +73,7 @@ type egress struct {
 
 	mu   sync.Mutex
 	seen []string // what the upstream received: method path and credential headers
+	kept string   // the first X-Api-Key it received: GET /v1/kept hands it back
 }
 
 // cliMode is the sandbox CLI a test's launcher drives.
@@ -109,11 +110,21 @@ func newEgressOn(t *testing.T, mode cliMode) *egress {
 	srv := e.ca.Server(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		e.mu.Lock()
 		e.seen = append(e.seen, r.Method+" "+r.URL.Path+" key="+r.Header.Get("X-Api-Key"))
+		if k := r.Header.Get("X-Api-Key"); e.kept == "" && k != "" {
+			e.kept = k
+		}
+		kept := e.kept
 		e.mu.Unlock()
+		if r.URL.Path == "/v1/kept" {
+			// An upstream that keeps a key and hands it back later.
+			fmt.Fprintf(w, "the key I hold: %s", kept)
+			return
+		}
 		fmt.Fprintf(w, "upstream saw %s %s", r.Method, r.URL.Path)
-	}), "api.example.com")
+	}), "api.example.com", "tunnel.example.com")
 	e.upstream = tlstest.Addr(srv)
 	dns.Set("api.example.com", e.upstream)
+	dns.Set("tunnel.example.com", e.upstream) // no credential rule names it
 	dns.Set("denied.example.com", e.upstream)
 	res, err := netpolicy.NewDNSResolver(netpolicy.ResolverConfig{Servers: []string{dns.Addr}, Timeout: 10 * time.Second})
 	if err != nil {
@@ -140,7 +151,7 @@ func newEgressOn(t *testing.T, mode cliMode) *egress {
 	if e.l.Google() != (mode == googleCLI) {
 		t.Fatalf("launcher over %s: Google() = %v", cli, e.l.Google())
 	}
-	if e.pol, err = netpolicy.ParsePolicy([]byte(`{"mode":"custom","allowedHosts":["api.example.com"]}`)); err != nil {
+	if e.pol, err = netpolicy.ParsePolicy([]byte(`{"mode":"custom","allowedHosts":["api.example.com","tunnel.example.com"]}`)); err != nil {
 		t.Fatal(err)
 	}
 	return e
@@ -375,8 +386,10 @@ c, _ = s.accept(); c.sendall(b"hello from inside " + c.recv(100)); c.close()`
 
 // TestEgressOnlyThroughTheRelay: curl in the sandbox reaches an allowed
 // upstream through the relay (tunnel and base-URL route, the placeholder
-// swapped for the secret outside), is refused for a denied host with the
-// audit event to show, and has no route out without the relay.
+// swapped for the secret outside), is refused a tunnel to the host of its
+// credential rule (no interception CA here: its answers could not be
+// scrubbed) and a denied host, with the audit events to show, and has no
+// route out without the relay.
 func TestEgressOnlyThroughTheRelay(t *testing.T) {
 	e := newEnv(t)
 	if _, err := os.Stat("/usr/bin/curl"); err != nil {
@@ -391,9 +404,17 @@ func TestEgressOnlyThroughTheRelay(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A tunnel (HTTPS_PROXY is set by the agent).
-	st, out, errs := e.sh("curl -sS --cacert /tmp/ca.pem https://api.example.com/tunnel")
+	st, out, errs := e.sh("curl -sS --cacert /tmp/ca.pem https://tunnel.example.com/tunnel")
 	if !st.Success() || out != "upstream saw GET /tunnel" {
 		t.Errorf("curl through the tunnel: %v %q %q", st, out, errs)
+	}
+	// A tunnel to the host of its credential rule.
+	st, out, errs = e.sh("curl -sS -w '%{http_connect}' --cacert /tmp/ca.pem https://api.example.com/tunnel")
+	if st.Success() || out != "403" {
+		t.Errorf("curl through a tunnel to the credential's host: %v %q %q, want the CONNECT refused", st, out, errs)
+	}
+	if ev := waitEvent(t, e.rings, e.sb.ID(), func(ev audit.Event) bool { return ev.Host == "api.example.com" && ev.Kind == audit.Connect }); ev.Allow || ev.Code != relay.CodeCredentialHost {
+		t.Errorf("audit event of the tunnel to the credential's host: %+v", ev)
 	}
 	// A base-URL route: the placeholder goes out as the secret.
 	st, out, errs = e.sh(`curl -sS -H "X-Api-Key: sandgate-placeholder-key" "$ANTHROPIC_BASE_URL/v1/messages"`)

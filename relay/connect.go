@@ -59,6 +59,21 @@ func (cc *clientConn) tunnel(ctx context.Context, ev *audit.Event, host string, 
 				ev.Allow, ev.Code, ev.Reason = false, e.Code, e.Reason
 				err = e
 			}
+		} else if name, ok := cc.tenant.transforms.Targets(dec.Host.String()); ok {
+			// A host a credential rule targets: what it answers may hold
+			// the credential (sent to it on a route, or kept by it), so
+			// it is carried only where its answers are scrubbed.
+			if ue, sealed := cc.tenant.transforms.Unscrubbable(dec.Host.String()); sealed {
+				e := asError(ue)
+				ev.Allow, ev.Code, ev.Reason = false, e.Code, e.Reason
+				err = e
+			} else if cc.p.cfg.CA == nil || dec.Host.IsIP() {
+				e := credentialHostError(dec.Host, name, cc.p.cfg.CA != nil)
+				ev.Allow, ev.Code, ev.Reason = false, e.Code, e.Reason
+				err = e
+			} else {
+				rule = CredentialInterceptPrefix + name
+			}
 		}
 	}
 	var up net.Conn
@@ -128,6 +143,29 @@ func (cc *clientConn) tunnel(ctx context.Context, ev *audit.Event, host string, 
 		ev.Error = serr.Error()
 	}
 	cc.p.record(*ev)
+}
+
+// CredentialInterceptPrefix starts the InterceptRule of a connection
+// intercepted because a credential rule targets its host, before the
+// rule's name: "credentials rule[0] api.example.com".
+const CredentialInterceptPrefix = "credentials "
+
+// credentialHostError refuses a tunnel to host, which the credential rule
+// named targets, where it cannot be intercepted: the proxy has no CA, or
+// host is an address.
+func credentialHostError(host netpolicy.Host, rule string, haveCA bool) *Error {
+	why := "this proxy has no interception CA to carry it intercepted, where its answers are scrubbed; " +
+		"reach it through its base URL instead, or give the proxy an interception CA (sandgate proxy --intercept-ca DIR; sandgate serve has one unless SANDGATE_INTERCEPT_CA=off)"
+	if haveCA {
+		why = "an address cannot be intercepted (no certificate names one), so its answers could not be scrubbed; reach it through its base URL instead"
+	}
+	route := host.String()
+	if host.IsIP() && host.Addr.Is6() {
+		route = "[" + route + "]"
+	}
+	return &Error{Status: http.StatusForbidden, Code: CodeCredentialHost, Reason: fmt.Sprintf(
+		"%s is a host of this sandbox's credential rules (%s): a tunnel to it would carry its answers unscrubbed, and %s: "+
+			"$HTTPS_PROXY/https/%s/… (http://127.0.0.1:3128/https/%s/… by default)", host, rule, why, route, route)}
 }
 
 // fillDecision copies a decision into an audit event.

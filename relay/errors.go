@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/sandgate/sandgate/netpolicy"
+	"github.com/sandgate/sandgate/relay/audit"
+	"github.com/sandgate/sandgate/transforms"
 	"github.com/sandgate/sandgate/transforms/wasm"
 )
 
@@ -39,6 +41,16 @@ const (
 	// CodeNoCA: a host the policy intercepts, on a proxy without an
 	// interception CA.
 	CodeNoCA = "intercept_unavailable"
+	// CodeCredentialHost: a tunnel (CONNECT, or a captured connection) to
+	// a host a credential rule of the sandbox targets, which could only
+	// be carried intercepted (so that its answers are scrubbed), on a
+	// proxy without an interception CA, or to an address (no certificate
+	// is made for one).
+	CodeCredentialHost = "credential_host"
+	// CodeSealedCredential: a host a credential the sandbox's rules held
+	// targets, sealed under a seal key this service does not have: its
+	// answers could not be scrubbed of it.
+	CodeSealedCredential = "credential_sealed"
 )
 
 // Error is a refusal or failure the proxy answers the sandbox with. Status,
@@ -96,6 +108,17 @@ func limitError(reason string, retry time.Duration) *Error {
 	return &Error{Status: http.StatusTooManyRequests, Code: CodeLimit, Reason: reason, RetryAfter: retry}
 }
 
+// sealedRefusal makes ev a refusal (deny, its code and reason) when err is
+// the chain's refusal of a host whose answers could carry a held
+// credential this service cannot unseal: sandgate's own check, not a
+// failure after the policy allowed.
+func sealedRefusal(ev *audit.Event, err error) {
+	if errors.Is(err, transforms.ErrSealed) {
+		e := asError(err)
+		ev.Allow, ev.Code, ev.Reason = false, e.Code, e.Reason
+	}
+}
+
 // denied turns a policy denial into the 403 the sandbox sees.
 func denied(dec netpolicy.Decision) *Error {
 	return &Error{Status: http.StatusForbidden, Code: string(dec.Code), Reason: dec.Reason}
@@ -109,6 +132,10 @@ func asError(err error) *Error {
 	var e *Error
 	if errors.As(err, &e) {
 		return e
+	}
+	var ue *transforms.UnscrubbableError
+	if errors.As(err, &ue) {
+		return &Error{Status: http.StatusForbidden, Code: CodeSealedCredential, Reason: ue.Error()}
 	}
 	var we *wasm.Error
 	if errors.As(err, &we) {

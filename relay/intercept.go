@@ -79,6 +79,9 @@ func (cc *clientConn) intercept(ctx context.Context, ev *audit.Event, dec netpol
 			ev.Allow, ev.Code, ev.Reason = false, CodeSNIMismatch, *why
 		case isTimeout(herr):
 			ev.Code, ev.Error = CodeLimit, fmt.Sprintf("TLS handshake with the client not finished within %s", cc.p.cfg.HeaderTimeout)
+		case clientRefused(herr) && strings.HasPrefix(ev.InterceptRule, CredentialInterceptPrefix):
+			ev.Code = audit.CodeInterceptRefused
+			ev.Error = fmt.Sprintf("the client refused sandgate's certificate for %s (%v): it pins certificates or does not trust the sandbox's CA; %s is a host of this sandbox's credential rules (%s), carried only intercepted so that its answers are scrubbed: reach it through its base URL ($HTTPS_PROXY/https/%s/…), or make the client trust the CA (%s in a sandbox)", dec.Host, herr, dec.Host, strings.TrimPrefix(ev.InterceptRule, CredentialInterceptPrefix), dec.Host, SandboxCAFile)
 		case clientRefused(herr):
 			ev.Code = audit.CodeInterceptRefused
 			ev.Error = fmt.Sprintf("the client refused sandgate's certificate for %s (%v): it pins certificates or does not trust the sandbox's CA; remove %s from the policy's intercept list, or make the client trust the CA (%s in a sandbox)", dec.Host, herr, ev.InterceptRule, SandboxCAFile)
@@ -478,6 +481,7 @@ func (cc *clientConn) switchProtocols(ctx context.Context, req *http.Request, t 
 	}
 	x, err := chain.Request(ctx, out, info)
 	if err != nil {
+		sealedRefusal(ev, err)
 		return x, err
 	}
 	if ans := x.Answer(); ans != nil {

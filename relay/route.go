@@ -152,6 +152,7 @@ func (cc *clientConn) forward(ctx context.Context, a answerer, req *http.Request
 	}
 	x, err := chain.Request(ctx, out, info)
 	if err != nil {
+		sealedRefusal(ev, err)
 		return x, false, err
 	}
 	if ans := x.Answer(); ans != nil {

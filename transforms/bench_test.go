@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 func BenchmarkApply(b *testing.B) {
@@ -46,16 +48,19 @@ func BenchmarkScrubReader(b *testing.B) {
 
 // benchKey looks like an Anthropic key: its prefix and 95 characters of
 // base64url, the same every run.
-var benchKey = func() string {
+var benchKey = makeBenchKey(7)
+
+// makeBenchKey makes a key like benchKey from seed.
+func makeBenchKey(seed uint32) string {
 	const alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
 	b := []byte("sk-ant-api03-")
-	x := uint32(7)
+	x := seed
 	for range 95 {
 		x = x*1664525 + 1013904223
 		b = append(b, alphabet[x>>26])
 	}
 	return string(b)
-}()
+}
 
 // jsonish returns n bytes of streamed-JSON-like text, the same every run:
 // event lines with ids of random base62 (the alphabet of keys) and words.
@@ -83,14 +88,17 @@ func jsonish(n int) []byte {
 
 // withSecrets puts the key whole, and all of it but its last byte, into
 // every 4 KiB of body.
-func withSecrets(body []byte) []byte {
+func withSecrets(body []byte) []byte { return withTwo(body, benchKey, benchKey[:len(benchKey)-1]) }
+
+// withTwo puts a in the middle of every 4 KiB of body, and b after it.
+func withTwo(body []byte, a, b string) []byte {
 	var out []byte
 	for len(body) > 0 {
 		n := min(4<<10, len(body))
 		out = append(out, body[:n/2]...)
-		out = append(out, benchKey...)
+		out = append(out, a...)
 		out = append(out, body[n/2:n]...)
-		out = append(out, benchKey[:len(benchKey)-1]...)
+		out = append(out, b...)
 		body = body[n:]
 	}
 	return out
@@ -153,6 +161,74 @@ func BenchmarkScrub(b *testing.B) {
 			for b.Loop() {
 				newM.findsBytes(body.data)
 			}
+		})
+	}
+}
+
+// BenchmarkScrubRetired measures what secrets retired from a host's rules
+// cost the scrub of its responses: the same body streamed through the
+// scrub of a host whose rules hold one key (the baseline) and of one whose
+// rules held R other keys before it (R rotations of the key), with no key
+// in the body, and with the current key and the first retired one in
+// every 4 KiB. Each iteration scrubs the body with every scrubber in turn,
+// so that a loaded machine slows them alike; the metrics are the median,
+// over the iterations, of each one's time over the baseline's
+// (retired-R/current), and the baseline's time (ns/op is all of them).
+func BenchmarkScrubRetired(b *testing.B) {
+	keyRules := func(key string) []Rule {
+		rules, err := ParseRules([]byte(`[{"match":{"host":"api.anthropic.com"},"transform":{"headers":{"x-api-key":{"env":"ANTHROPIC_API_KEY"}}}}]`),
+			func(string) (string, bool) { return key, true })
+		if err != nil {
+			b.Fatal(err)
+		}
+		return rules
+	}
+	// retiredKey is the i-th key before benchKey.
+	retiredKey := func(i int) string { return makeBenchKey(uint32(100 + i)) }
+	scrubberOf := func(retired int) *scrubber {
+		set := NewRuleSet()
+		for i := retired - 1; i >= 0; i-- {
+			set.Set(keyRules(retiredKey(i))...)
+		}
+		set.Set(keyRules(benchKey)...)
+		return set.cur.Load().targets("api.anthropic.com").m
+	}
+	counts := []int{0, 1, 4, 16}
+	ms := make([]*scrubber, len(counts))
+	for i, r := range counts {
+		ms[i] = scrubberOf(r)
+	}
+	for _, body := range []struct {
+		name string
+		data []byte
+	}{
+		{"nosecret-1MiB", jsonish(1 << 20)},
+		{"keys-1MiB", withTwo(jsonish(1<<20), benchKey, retiredKey(0))},
+		{"nosecret-4KiB", jsonish(4 << 10)},
+	} {
+		b.Run(body.name, func(b *testing.B) {
+			b.SetBytes(int64(len(body.data) * len(ms)))
+			took := make([][]time.Duration, len(ms))
+			for b.Loop() {
+				for i, m := range ms {
+					start := time.Now()
+					if _, err := io.Copy(io.Discard, newScrubReader(bytes.NewReader(body.data), m)); err != nil {
+						b.Fatal(err)
+					}
+					took[i] = append(took[i], time.Since(start))
+				}
+			}
+			for i, r := range counts[1:] {
+				ratios := make([]float64, len(took[0]))
+				for j := range ratios {
+					ratios[j] = float64(took[i+1][j]) / float64(took[0][j])
+				}
+				slices.Sort(ratios)
+				b.ReportMetric(ratios[len(ratios)/2], fmt.Sprintf("retired-%d/current", r))
+			}
+			base := slices.Clone(took[0])
+			slices.Sort(base)
+			b.ReportMetric(float64(base[len(base)/2].Nanoseconds()), "current-ns")
 		})
 	}
 }

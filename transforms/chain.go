@@ -117,11 +117,23 @@ type Exchange struct {
 // be closed.
 //
 // An error is a module's (a [ModuleFailure] carrying the status the
-// request fails with). When Answer is not nil a module answered: send
+// request fails with), or an [*UnscrubbableError]: a held secret this
+// service cannot open targets the request's host. When Answer is not nil a module answered: send
 // that, not the request. Otherwise send out, and give its response to
 // Response before writing it.
 func (c Chain) Request(ctx context.Context, out *http.Request, info RequestInfo) (*Exchange, error) {
 	x := &Exchange{}
+	if c.Rules != nil {
+		// A host whose answers could carry a held secret this service
+		// cannot scrub them of is refused before anything is done.
+		host := out.Host
+		if out.URL != nil && out.URL.Host != "" {
+			host = out.URL.Host
+		}
+		if ue, ok := c.Rules.Unscrubbable(host); ok {
+			return x, ue
+		}
+	}
 	if c.Modules != nil && c.Modules.Len() > 0 {
 		mx, err := c.Modules.HandleRequest(ctx, out, info)
 		x.mods = mx

@@ -8,7 +8,8 @@
 // 12 or more of a secret's bytes → a mask), including gzip- and
 // zstd-encoded bodies, streaming and without holding back more than a
 // secret's length needs; and the credential guard ([Guard]), which
-// refuses a secret in anything bound for a sandbox (values, streams, tars)
+// refuses what the scrub would mask (a secret, or a run of 12 or more of
+// its bytes) in anything bound for a sandbox (values, streams, tars)
 // before any byte of it goes in.
 //
 // A secret is a [Secret]: it prints, logs and marshals as "[REDACTED]" and

@@ -6,16 +6,16 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
-	"strings"
 )
 
 // The credential guard: a sandbox holds placeholders, never the secrets of
 // its rules. Whatever the service is asked to put into a sandbox (a command,
 // its variables and working directory, its stdin, a file, a tar) passes a
-// Guard first; a held secret in it is refused before any byte of the secret
-// goes in. It finds a secret as written, byte for byte: an encoding of it
-// (base64, hex, escapes, the secret cut in two) is the caller's own doing
+// Guard first; what the response scrub would mask is refused before any
+// byte of it goes in: a secret whole, and any run of MinPartialRun (12) or
+// more of its consecutive bytes (a prefix, a suffix, a middle). It finds
+// a secret as written, byte for byte: an encoding of it (base64, hex,
+// escapes, pieces shorter than MinPartialRun) is the caller's own doing
 // and beyond what a substring search can see.
 
 // CredentialPhrase starts the message of every [CredentialError]: protocol
@@ -46,14 +46,20 @@ func (e *CredentialError) Error() string {
 // Is makes errors.Is(err, ErrCredential) true.
 func (e *CredentialError) Is(target error) bool { return target == ErrCredential }
 
-// Guard finds held secrets in values and streams bound for a sandbox. A
-// Guard is immutable and safe for concurrent use; each stream gets its own
-// [Scanner], Reader or Writer. A nil or empty Guard finds nothing and its
-// wrappers pass everything through.
+// Guard finds held secrets in values and streams bound for a sandbox: a
+// secret shorter than [MinPartialRun] whole, and of a longer one any run of
+// MinPartialRun or more of its consecutive bytes, which is what the
+// response scrub masks. A Guard is immutable and safe for concurrent use;
+// each stream gets its own [Scanner], Reader or Writer. A nil or empty
+// Guard finds nothing and its wrappers pass everything through.
 //
 // Like a [Secret], a Guard prints, logs and marshals as [Redacted].
 type Guard struct {
-	secrets []guardSecret
+	redacted
+	secrets []guardSecret // those shorter than MinPartialRun, found whole
+	// runs finds the runs of the secrets of MinPartialRun bytes or more
+	// (and the short ones whole, for Check); nil when there are none.
+	runs    *scrubber
 	longest int
 }
 
@@ -70,14 +76,19 @@ type guardSecret struct {
 func NewGuard(secrets ...string) *Guard {
 	g := &Guard{}
 	seen := map[string]bool{}
+	var all []*Secret
 	for _, s := range secrets {
 		if s == "" || seen[s] {
 			continue
 		}
 		seen[s] = true
-		g.secrets = append(g.secrets, guardSecret{s: s, b: []byte(s), fail: failure(s)})
+		all = append(all, &Secret{value: s})
 		g.longest = max(g.longest, len(s))
+		if len(s) < MinPartialRun {
+			g.secrets = append(g.secrets, guardSecret{s: s, b: []byte(s), fail: failure(s)})
+		}
 	}
+	g.runs = buildScrubber(all)
 	return g
 }
 
@@ -142,47 +153,36 @@ func (gs *guardSecret) scan(q int, p []byte) (int, bool) {
 }
 
 // Empty reports whether the guard holds no secret (then it finds nothing).
-func (g *Guard) Empty() bool { return g == nil || len(g.secrets) == 0 }
+func (g *Guard) Empty() bool { return g == nil || g.runs == nil }
 
 // Check returns a *CredentialError naming where when any value contains a
-// held secret, and nil otherwise.
+// held secret shorter than MinPartialRun, or a run of MinPartialRun or more
+// bytes of a longer one; and nil otherwise.
 func (g *Guard) Check(where string, values ...string) error {
 	if g.Empty() {
 		return nil
 	}
 	for _, v := range values {
-		for i := range g.secrets {
-			if strings.Contains(v, g.secrets[i].s) {
-				return &CredentialError{Where: where}
-			}
+		if g.runs.finds(v) {
+			return &CredentialError{Where: where}
 		}
 	}
 	return nil
 }
 
-// String returns [Redacted].
-func (g Guard) String() string { return Redacted }
-
-// GoString returns [Redacted].
-func (g Guard) GoString() string { return Redacted }
-
-// Format prints [Redacted] whatever the verb.
-func (g Guard) Format(f fmt.State, _ rune) { _, _ = io.WriteString(f, Redacted) }
-
-// LogValue makes log/slog print [Redacted].
-func (g Guard) LogValue() slog.Value { return slog.StringValue(Redacted) }
-
-// MarshalJSON encodes the guard as the JSON string "[REDACTED]".
-func (g Guard) MarshalJSON() ([]byte, error) { return []byte(`"` + Redacted + `"`), nil }
-
 // Scanner follows one stream through a Guard, in chunks of any size: it
-// fails as soon as a held secret has passed whole, and says how many of the
-// last bytes so far must be held back because they begin a secret (so that
-// what is let through can never be completed into one by what follows).
+// fails as soon as a held secret, or a run of MinPartialRun bytes of one,
+// has passed, and says how many of the last bytes so far must be held back
+// because they could begin one (so that what is let through can never be
+// completed into one by what follows).
 type Scanner struct {
 	g     *Guard
 	where string
-	state []int // per secret: the stream's longest suffix that begins it
+	state []int // per short secret: the stream's longest suffix that begins it
+	// tail is the stream's last MinPartialRun-1 bytes (fewer at its
+	// start): a run that crosses into the next chunk begins there.
+	tail  [MinPartialRun - 1]byte
+	ntail int
 	held  int
 	err   error
 }
@@ -196,8 +196,9 @@ func (g *Guard) Scanner(where string) *Scanner {
 	return s
 }
 
-// Write takes the stream's next bytes. Once a held secret has passed it
-// returns a *CredentialError, and does so for every later call too.
+// Write takes the stream's next bytes. Once a held secret, or a run of
+// one, has passed it returns a *CredentialError, and does so for every
+// later call too.
 func (s *Scanner) Write(p []byte) (int, error) {
 	if s.err != nil {
 		return 0, s.err
@@ -215,13 +216,35 @@ func (s *Scanner) Write(p []byte) (int, error) {
 		s.state[i] = q
 		held = max(held, q)
 	}
+	if m := s.g.runs; m.filter != nil {
+		// A run that begins in the tail ends in p's first MinPartialRun-1
+		// bytes or goes through them; one that begins in p is p's.
+		var edge [2 * (MinPartialRun - 1)]byte
+		n := copy(edge[:], s.tail[:s.ntail])
+		n += copy(edge[n:], p)
+		var buf [1]span
+		if len(findRuns(m, buf[:0], edge[:n], true)) > 0 || len(findRuns(m, buf[:0], p, true)) > 0 {
+			s.err = &CredentialError{Where: s.where}
+			return 0, s.err
+		}
+		if len(p) >= len(s.tail) {
+			s.ntail = copy(s.tail[:], p[len(p)-len(s.tail):])
+		} else {
+			s.ntail = copy(s.tail[:], edge[max(0, n-len(s.tail)):n])
+		}
+		// The longest suffix that occurs in a long secret could begin a
+		// run.
+		held = max(held, s.ntail-m.holdRun(s.tail[:s.ntail], 0))
+	}
 	s.held = held
 	return len(p), nil
 }
 
-// Held is how many of the last bytes written begin a held secret: the
-// longest such suffix, shorter than the longest secret. Everything before
-// them can be let through; they can be too once the stream ends.
+// Held is how many of the last bytes written could begin what the guard
+// refuses: the longest suffix that begins a held secret shorter than
+// MinPartialRun, or that occurs in a longer one (fewer than MinPartialRun
+// bytes). Everything before them can be let through; they can be too
+// once the stream ends.
 func (s *Scanner) Held() int { return s.held }
 
 // Err is the *CredentialError once a secret has passed, else nil.

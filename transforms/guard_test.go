@@ -46,7 +46,8 @@ func TestGuardCheck(t *testing.T) {
 		{"a working directory", []string{"/workspace/" + guardSecretValue}, true},
 		{"the second secret", []string{"x", "yy another-secret-value-0001 zz"}, true},
 		{"the placeholder", []string{"echo " + guardPH, "KEY=" + guardPH}, false},
-		{"a prefix", []string{guardSecretValue[:len(guardSecretValue)-1]}, false},
+		{"a beginning shorter than a run", []string{guardSecretValue[:MinPartialRun-1]}, false},
+		{"an end shorter than a run", []string{guardSecretValue[len(guardSecretValue)-MinPartialRun+1:]}, false},
 		{"another case", []string{strings.ToUpper(guardSecretValue)}, false},
 		{"nothing", nil, false},
 		{"empty strings", []string{"", ""}, false},
@@ -71,6 +72,56 @@ func TestGuardCheck(t *testing.T) {
 	}
 	if (&CredentialError{}).Error() == "" || !strings.Contains((&CredentialError{}).Error(), "the input") {
 		t.Errorf("a CredentialError without a place: %q", &CredentialError{})
+	}
+}
+
+// TestGuardRefusesWhatTheScrubMasks: the guard refused the whole secret
+// only, while the response scrub masks any run of MinPartialRun bytes of
+// it, so a command, a file or a stdin could carry the secret into the
+// sandbox less a byte, or in two overlapping halves. Every such spelling
+// is refused now, in values and in streams however they are cut.
+func TestGuardRefusesWhatTheScrubMasks(t *testing.T) {
+	const v = guardSecretValue
+	g := newTestGuard(v)
+	run := MinPartialRun
+	for _, tc := range []struct {
+		name  string
+		input string
+	}{
+		{"less its last byte", v[:len(v)-1]},
+		{"less its first byte", v[1:]},
+		{"a window from the middle", "x" + v[5:5+run] + "y"},
+		{"its first run", v[:run]},
+		{"its last run", v[len(v)-run:]},
+		{"two overlapping halves", v[:run] + " " + v[len(v)-run:]},
+		{"a run inside a longer word", "KEY=zz" + v[3:3+run+2] + "zz"},
+	} {
+		if err := g.Check("the test", tc.input); err == nil {
+			t.Errorf("%s: %q passed Check", tc.name, tc.input)
+		} else {
+			guardWantCredential(t, err, tc.name)
+		}
+		in := []byte("echo " + tc.input + "\n")
+		if !guardThrough(t, g, in, []int{1 << 20}, tc.name+", whole") {
+			t.Errorf("%s: a stream passed", tc.name)
+		}
+		// Cut at every byte: a run at a chunk boundary, split across two
+		// writes; and byte by byte.
+		for cut := 1; cut < len(in); cut++ {
+			guardThrough(t, g, in, []int{cut, 1 << 20}, fmt.Sprintf("%s, cut at %d", tc.name, cut))
+		}
+		guardThrough(t, g, in, []int{1}, tc.name+", byte by byte")
+	}
+	// Runs one byte too short pass, in values and in streams: the secret
+	// in pieces shorter than a run is beyond the guard, as it is beyond
+	// the scrub.
+	for _, in := range []string{v[:run-1], v[len(v)-run+1:], "a" + v[4:4+run-1] + "b", v[:len(v)/2] + "-" + v[len(v)/2:]} {
+		if err := g.Check("the test", in); err != nil {
+			t.Errorf("%q (a run of %d) refused: %v", in, run-1, err)
+		}
+		if guardThrough(t, g, []byte(in+"\n"), []int{3}, in) {
+			t.Errorf("%q (a run of %d) refused in a stream", in, run-1)
+		}
 	}
 }
 
@@ -111,17 +162,41 @@ func (c *guardChunkReader) Read(p []byte) (int, error) {
 	return n, nil
 }
 
+// testGuard is a guard and the secrets it was made of, for guardFirst.
+type testGuard struct {
+	*Guard
+	secrets []string
+}
+
+func newTestGuard(secrets ...string) testGuard { return testGuard{NewGuard(secrets...), secrets} }
+
+// guardFirst is where the first thing a guard of secrets refuses starts
+// in b, found the slow way: a secret shorter than MinPartialRun whole, or
+// MinPartialRun bytes that occur in a longer one; len(b) when none does.
+func guardFirst(secrets []string, b []byte) int {
+	for i := range b {
+		for _, s := range secrets {
+			switch {
+			case s == "":
+			case len(s) < MinPartialRun:
+				if bytes.HasPrefix(b[i:], []byte(s)) {
+					return i
+				}
+			case i+MinPartialRun <= len(b) && strings.Contains(s, string(b[i:i+MinPartialRun])):
+				return i
+			}
+		}
+	}
+	return len(b)
+}
+
 // through runs input through a Reader and a Writer of g, cut in chunks of
 // the given sizes, and checks what each let through: all of it when no
 // secret is in it, otherwise nothing from the first secret on.
-func guardThrough(t *testing.T, g *Guard, input []byte, sizes []int, what string) (refused bool) {
+func guardThrough(t *testing.T, tg testGuard, input []byte, sizes []int, what string) (refused bool) {
 	t.Helper()
-	first := len(input) // where the first occurrence of any secret starts
-	for i := range g.secrets {
-		if j := bytes.Index(input, g.secrets[i].b); j >= 0 {
-			first = min(first, j)
-		}
-	}
+	g := tg.Guard
+	first := guardFirst(tg.secrets, input) // where the first thing refused starts
 	holds := first < len(input)
 	// Reader: the bytes it returned before failing.
 	out, err := io.ReadAll(g.Reader(&guardChunkReader{data: input, sizes: sizes}, "the stream"))
@@ -183,7 +258,7 @@ func guardCheckLetThrough(t *testing.T, g *Guard, input, out []byte, err error, 
 // The secret split across a stream's chunks at every offset, alone and in
 // text, in two and in three pieces.
 func TestGuardStreamEverySplit(t *testing.T) {
-	g := NewGuard(guardSecretValue, "zzzz-second-secret-zzzz")
+	g := newTestGuard(guardSecretValue, "zzzz-second-secret-zzzz")
 	for _, input := range []string{
 		guardSecretValue,
 		"hello " + guardSecretValue + " world",
@@ -199,8 +274,9 @@ func TestGuardStreamEverySplit(t *testing.T) {
 		}
 		guardThrough(t, g, []byte(input), []int{1}, fmt.Sprintf("%q byte by byte", input))
 	}
-	// The placeholder, and text that only begins the secret, pass whole.
-	for _, input := range []string{guardPH, "x " + guardPH + " y", "sk-canary/0a1b2c3d4e5", "sk-canary/", "ls\n", ""} {
+	// The placeholder, and runs of the secret shorter than MinPartialRun,
+	// pass whole.
+	for _, input := range []string{guardPH, "x " + guardPH + " y", "sk-canary/0", "sk-canary/", "ary/0a1b2c3 y", "echo b2c3d4e5f\n", "ls\n", ""} {
 		for _, size := range []int{1, 2, 7, 1 << 20} {
 			if guardThrough(t, g, []byte(input), []int{size}, fmt.Sprintf("%q in chunks of %d", input, size)) {
 				t.Fatalf("%q refused", input)
@@ -212,7 +288,7 @@ func TestGuardStreamEverySplit(t *testing.T) {
 // File contents with the secret across a 64 KiB boundary, as a file upload
 // or stdin arrives.
 func TestGuardStreamAt64KiB(t *testing.T) {
-	g := NewGuard(guardSecretValue)
+	g := newTestGuard(guardSecretValue)
 	for _, off := range []int{-len(guardSecretValue), -len(guardSecretValue) + 1, -7, -1, 0} {
 		data := bytes.Repeat([]byte{'a'}, 200<<10)
 		copy(data[64<<10+off:], guardSecretValue)
@@ -381,8 +457,13 @@ func FuzzGuardStream(f *testing.F) {
 	f.Add("x", "xy", []byte("yyyyx"), []byte{0})
 	f.Add("", "", []byte("anything"), []byte{})
 	f.Add("ls", "secret-with-long-tail", []byte("echo ls\n"), []byte{4})
+	// Runs of a secret that are not the secret: a window from the middle,
+	// cut at a chunk boundary, split across two writes.
+	f.Add("sk-canary/0a1b2c3d4e5f", "", []byte("x ary/0a1b2c3d y"), []byte{7, 1})
+	f.Add("sk-canary/0a1b2c3d4e5f", "", []byte("sk-canary/0a1b2c3d4e5"), []byte{11, 10})
+	f.Add("sk-canary/0a1b2c3d4e5f", "zzzz-second-secret-zzzz", []byte("k-canary/0a1b2 zz-second-sec"), []byte{13, 2, 20})
 	f.Fuzz(func(t *testing.T, a, b string, data, cuts []byte) {
-		g := NewGuard(a, b)
+		g := newTestGuard(a, b)
 		sizes := make([]int, 0, len(cuts))
 		for _, c := range cuts {
 			sizes = append(sizes, int(c)%97+1)
@@ -406,6 +487,7 @@ func FuzzGuardTarReader(f *testing.F) {
 		{Name: "d/" + secret + strings.Repeat("f", 88), Typeflag: tar.TypeReg, Mode: 0o644, Format: tar.FormatUSTAR},
 		{Name: "l", Typeflag: tar.TypeSymlink, Linkname: secret, Mode: 0o777},
 		{Name: "p", Typeflag: tar.TypeReg, Mode: 0o644, PAXRecords: map[string]string{"SCHILY.xattr.user.k": secret}},
+		{Name: "run-" + secret[3:17], Typeflag: tar.TypeReg, Mode: 0o644},
 	} {
 		var b bytes.Buffer
 		tw := tar.NewWriter(&b)
@@ -421,13 +503,13 @@ func FuzzGuardTarReader(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte, size uint16) {
 		g := NewGuard(secret)
 		out, err := io.ReadAll(g.TarReader(&guardChunkReader{data: data, sizes: []int{int(size) + 1}}, "the tar"))
-		if !bytes.HasPrefix(data, out) || bytes.Contains(out, []byte(secret)) {
+		if !bytes.HasPrefix(data, out) || guardFirst([]string{secret}, out) < len(out) {
 			t.Fatalf("let %q through of %q", out, data)
 		}
 		if err == nil && !bytes.Equal(out, data) {
 			t.Fatalf("no error, but %d of %d bytes", len(out), len(data))
 		}
-		raw := bytes.Contains(data, []byte(secret))
+		raw := guardFirst([]string{secret}, data) < len(data)
 		if err == nil && raw {
 			t.Fatal("the raw bytes hold the secret, and it passed")
 		}

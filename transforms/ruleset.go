@@ -23,10 +23,17 @@ type RuleSet struct {
 type ruleList struct {
 	rules []Rule
 	names []string // audit names, by position in the set
-	// scrubs caches, by the set of rules whose host matcher matches a host
-	// (a bit per rule; lists of more than 64 rules are not cached), the
-	// secrets that responses of such a host are scrubbed of, with their
-	// scrubber: copy on write, at most maxScrubCache entries.
+	// held is every secret the set holds or has held (see held.go), the
+	// rules' own among them, in the order they were first held.
+	held []*heldSecret
+	// sealed says whether a held secret could not be unsealed (see
+	// Unscrubbable): most lists have none, and skip the search.
+	sealed bool
+	// scrubs caches, by the set of rules and held secrets whose host
+	// matchers match a host (a bit each, rules first; lists of more than
+	// 64 are not cached), the secrets that responses of such a host are
+	// scrubbed of, with their scrubber: copy on write, at most
+	// maxScrubCache entries.
 	scrubs atomic.Pointer[map[uint64]*scrubTarget]
 	smu    sync.Mutex // serialises writers of scrubs
 
@@ -45,8 +52,9 @@ type scrubTarget struct {
 // matched, so a handful of entries is the rule.
 const maxScrubCache = 64
 
-func newRuleList(rules []Rule) *ruleList {
-	l := &ruleList{rules: rules, names: make([]string, len(rules))}
+func newRuleList(rules []Rule, held []*heldSecret) *ruleList {
+	l := &ruleList{rules: rules, names: make([]string, len(rules)), held: addHeld(held, rules)}
+	l.sealed = slices.ContainsFunc(l.held, func(h *heldSecret) bool { return h.sealed != nil })
 	for i, r := range rules {
 		l.names[i] = fmt.Sprintf("rule[%d] %s", i, r.host.pattern)
 	}
@@ -56,15 +64,21 @@ func newRuleList(rules []Rule) *ruleList {
 // NewRuleSet returns a set holding rules, in order.
 func NewRuleSet(rules ...Rule) *RuleSet {
 	s := &RuleSet{}
-	s.cur.Store(newRuleList(slices.Clone(rules)))
+	s.cur.Store(newRuleList(slices.Clone(rules), nil))
 	return s
 }
 
-// Set replaces every rule with rules (none empties the set).
+// Set replaces every rule with rules (none empties the set). The secrets
+// of the rules replaced are retired, not forgotten: the responses of the
+// hosts they targeted go on being scrubbed of them (see held.go).
 func (s *RuleSet) Set(rules ...Rule) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.cur.Store(newRuleList(slices.Clone(rules)))
+	var held []*heldSecret
+	if l := s.cur.Load(); l != nil {
+		held = l.held
+	}
+	s.cur.Store(newRuleList(slices.Clone(rules), held))
 }
 
 // Add appends rules after the current ones.
@@ -72,10 +86,11 @@ func (s *RuleSet) Add(rules ...Rule) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var old []Rule
+	var held []*heldSecret
 	if l := s.cur.Load(); l != nil {
-		old = l.rules
+		old, held = l.rules, l.held
 	}
-	s.cur.Store(newRuleList(slices.Concat(old, rules)))
+	s.cur.Store(newRuleList(slices.Concat(old, rules), held))
 }
 
 // Rules returns a copy of the current rules, in order.
@@ -91,10 +106,11 @@ func (s *RuleSet) Rules() []Rule {
 // would be found by chance in what a sandbox is given.
 const GuardMinLength = 12
 
-// Guard returns the credential guard of the rules' secrets (those of
-// GuardMinLength or more): what the service puts into a sandbox is
-// searched with it, so no secret of the sandbox's rules goes in. It is
-// the guard of the current rules; a change of the rules makes another.
+// Guard returns the credential guard of the secrets the set holds and has
+// held (those of GuardMinLength or more; retired ones too): what the
+// service puts into a sandbox is searched with it, so no secret of the
+// sandbox's rules, now or before, goes in. It is the guard of the current
+// rules; a change of the rules makes another.
 func (s *RuleSet) Guard() *Guard {
 	l := s.cur.Load()
 	if l == nil {
@@ -102,16 +118,41 @@ func (s *RuleSet) Guard() *Guard {
 	}
 	l.guardOnce.Do(func() {
 		var vals []string
-		for _, r := range l.rules {
-			for _, sec := range r.secrets {
-				if v := sec.reveal(); len(v) >= GuardMinLength {
-					vals = append(vals, v)
-				}
+		for _, h := range l.held {
+			if len(h.value) >= GuardMinLength {
+				vals = append(vals, h.value)
 			}
 		}
 		l.guard = NewGuard(vals...)
 	})
 	return l.guard
+}
+
+// Targets reports whether a rule with a secret targets host (see
+// [Applied.Scrub]: its match.host matches it), and names the first such
+// rule ("rule[0] api.example.com"). host is spelled as a request or a
+// CONNECT line may spell it: a port, letter case, one trailing dot and
+// the spellings of an IP address are canonicalised first; a name is
+// expected in punycode (netpolicy's canonical form). A host reached
+// whose responses could carry a secret unscrubbed (a tunnel) must not be
+// reached where it targets one: see relay.
+func (s *RuleSet) Targets(host string) (string, bool) {
+	l := s.cur.Load()
+	if l == nil {
+		return "", false
+	}
+	host = canonicalHost(host)
+	for i := range l.rules {
+		if r := &l.rules[i]; len(r.secrets) > 0 && r.host.targets(host) {
+			return l.names[i], true
+		}
+	}
+	for _, h := range l.held {
+		if h.targets(host) {
+			return fmt.Sprintf("held credential %s (%s)", h.name, strings.Join(h.hostPatterns(), ", ")), true
+		}
+	}
+	return "", false
 }
 
 // Len returns the number of rules.
@@ -175,7 +216,7 @@ func (a Applied) scrubber() *scrubber {
 // [RestrictAcceptEncoding]).
 func (s *RuleSet) Apply(out *http.Request) Applied {
 	l := s.cur.Load()
-	if l == nil || len(l.rules) == 0 || out == nil {
+	if l == nil || len(l.rules) == 0 && len(l.held) == 0 || out == nil {
 		return Applied{}
 	}
 	v := newRequestView(out)
@@ -218,7 +259,7 @@ func (s *RuleSet) Apply(out *http.Request) Applied {
 }
 
 // targets returns what the responses of host must be scrubbed of, or nil
-// when no rule with a secret targets it.
+// when no rule with a secret, and no secret held before, targets it.
 //
 // A rule targets the hosts its match.host matches — exactly the hosts the
 // proxy may send its secret to — whatever the rest of its match says: a
@@ -230,9 +271,11 @@ func (s *RuleSet) Apply(out *http.Request) Applied {
 // pooled per host), so their responses go through untouched. A rule with
 // no host matcher (the zero Rule; ParseRules requires a host) targets
 // every host: a secret with no known destination is scrubbed everywhere.
+// A secret the set held before (retired, see held.go) targets the hosts
+// its rules targeted, for as long as the set lives.
 func (l *ruleList) targets(host string) *scrubTarget {
 	var key uint64
-	cacheable := len(l.rules) <= 64
+	cacheable := len(l.rules)+len(l.held) <= 64
 	found := false
 	for i := range l.rules {
 		r := &l.rules[i]
@@ -242,6 +285,15 @@ func (l *ruleList) targets(host string) *scrubTarget {
 		found = true
 		if cacheable {
 			key |= 1 << i
+		}
+	}
+	for j, h := range l.held {
+		if h.sealed != nil || !h.targets(host) {
+			continue
+		}
+		found = true
+		if cacheable {
+			key |= 1 << (len(l.rules) + j)
 		}
 	}
 	if !found {
@@ -264,6 +316,17 @@ func (l *ruleList) targets(host string) *scrubTarget {
 			if !slices.Contains(t.secrets, sec) {
 				t.secrets = append(t.secrets, sec)
 			}
+		}
+	}
+	// Then the secrets held for this host and retired from its rules (or
+	// held for another host now): a mask each, where the secret is not
+	// replaced by a rule's placeholder already.
+	for _, h := range l.held {
+		if h.sealed != nil || !h.targets(host) {
+			continue
+		}
+		if !slices.ContainsFunc(t.secrets, func(sec *Secret) bool { return sec.value == h.value }) {
+			t.secrets = append(t.secrets, h.masked)
 		}
 	}
 	t.m = newScrubber(t.secrets)

@@ -274,3 +274,41 @@ func secretNames(ss []*Secret) string {
 	}
 	return strings.Join(names, ",")
 }
+
+// Targets names the rule with a secret that targets a host, however the
+// host is spelled; rules without a secret target nothing.
+func TestRuleSetTargets(t *testing.T) {
+	rules, err := ParseRules([]byte(`[
+	 {"match":{"host":"lit.example.com"},"transform":{"headers":{"x-lit":"no secret"}}},
+	 {"match":{"host":"api.example.com","path":{"startsWith":"/v1/"}},"transform":{"headers":{"x-api-key":{"env":"CANARY"}}}},
+	 {"match":{"host":"*.wild.example"},"transform":{"headers":{"x-api-key":{"env":"CANARY"}}}},
+	 {"match":{"host":"xn--bcher-kva.example"},"transform":{"headers":{"x-api-key":{"env":"CANARY"}}}},
+	 {"match":{"host":"192.0.2.7"},"transform":{"headers":{"x-api-key":{"env":"CANARY"}}}}]`), canaryEnv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	set := NewRuleSet(rules...)
+	for host, want := range map[string]string{
+		"api.example.com":        "rule[1] api.example.com",
+		"API.Example.COM.":       "rule[1] api.example.com",
+		"api.example.com:443":    "rule[1] api.example.com",
+		"a.wild.example":         "rule[2] *.wild.example",
+		"Deep.A.Wild.Example.":   "rule[2] *.wild.example",
+		"xn--bcher-kva.example":  "rule[3] xn--bcher-kva.example",
+		"192.0.2.7":              "rule[4] 192.0.2.7",
+		"::ffff:192.0.2.7":       "rule[4] 192.0.2.7",
+		"[::ffff:192.0.2.7]:443": "rule[4] 192.0.2.7",
+		"wild.example":           "",
+		"lit.example.com":        "",
+		"other.example.com":      "",
+		"api.example.com.evil":   "",
+	} {
+		got, ok := set.Targets(host)
+		if got != want || ok != (want != "") {
+			t.Errorf("Targets(%q) = %q %v, want %q", host, got, ok, want)
+		}
+	}
+	if _, ok := NewRuleSet().Targets("api.example.com"); ok {
+		t.Errorf("an empty set targets a host")
+	}
+}

@@ -44,8 +44,13 @@ const (
 	// a probe hits.
 	gramLen    = 4
 	gramStride = MinPartialRun - gramLen + 1
-	// filterBits is the log2 of the run filter's size in bits (4 KiB).
-	filterBits = 15
+	// minFilterBits and maxFilterBits bound the log2 of the run filter's
+	// size in bits (4 KiB to 32 KiB). It is the least that keeps the
+	// filter at most 1/64 full (so that text holding no secret rarely
+	// hits it) until the largest: a host whose rules held many secrets
+	// (see held.go) has many windows.
+	minFilterBits = 15
+	maxFilterBits = 18
 )
 
 // gramAt is where a gramLen-byte window occurs: in long[sec], at off.
@@ -85,10 +90,35 @@ type scrubber struct {
 	first    [256]bool // first bytes of the finds
 	hasShort bool      // a find shorter than MinPartialRun
 
-	long   [][]byte                      // the finds at least MinPartialRun long
-	filter *[1 << filterBits / 64]uint64 // a bit per gramHash of their gramLen-byte windows; nil when there are none
-	grams  map[uint32][]gramAt           // where each of those windows (load32 of it) occurs
-	inLong [256]bool                     // the bytes they hold
+	long   [][]byte            // the finds at least MinPartialRun long
+	filter *gramFilter         // a bit per hash of their gramLen-byte windows; nil when there are none
+	grams  map[uint32][]gramAt // where each of those windows (load32 of it) occurs
+	inLong [256]bool           // the bytes they hold
+}
+
+// gramFilter is the run filter: a bitmap with a bit per hash of each
+// window of gramLen bytes of the long secrets.
+type gramFilter struct {
+	bits  []uint64 // a power of two of them
+	shift uint32   // 32 - log2(len(bits)*64)
+}
+
+// newGramFilter returns a filter sized for n windows.
+func newGramFilter(n int) *gramFilter {
+	b := uint32(minFilterBits)
+	for b < maxFilterBits && 1<<b < 256*n {
+		b++
+	}
+	return &gramFilter{bits: make([]uint64, 1<<b/64), shift: 32 - b}
+}
+
+// hash maps a gramLen-byte window to a bit of the filter (Fibonacci
+// hashing: the top bits of a multiplication by 2^32/φ).
+func (f *gramFilter) hash(x uint32) uint32 { return (x * 0x9e3779b1) >> f.shift }
+
+func (f *gramFilter) set(x uint32) {
+	h := f.hash(x)
+	f.bits[h>>6] |= 1 << (h & 63)
 }
 
 // newScrubber returns nil when there is nothing to scrub. A scrubber is
@@ -102,6 +132,12 @@ func newScrubber(secrets []*Secret) *scrubber {
 
 func buildScrubber(secrets []*Secret) *scrubber {
 	m := &scrubber{}
+	windows := 0
+	for _, s := range secrets {
+		if s != nil && len(s.value) >= MinPartialRun {
+			windows += len(s.value) - gramLen + 1
+		}
+	}
 	for _, s := range secrets {
 		if s == nil || s.value == "" {
 			continue
@@ -118,13 +154,12 @@ func buildScrubber(secrets []*Secret) *scrubber {
 			continue
 		}
 		if m.filter == nil {
-			m.filter = new([1 << filterBits / 64]uint64)
+			m.filter = newGramFilter(windows)
 			m.grams = make(map[uint32][]gramAt)
 		}
 		for i := 0; i+gramLen <= len(p.find); i++ {
 			x := load32(p.find, i)
-			h := gramHash(x)
-			m.filter[h>>6] |= 1 << (h & 63)
+			m.filter.set(x)
 			// A secret's occurrences in order of offset: the first
 			// reaches furthest forward, so findRuns mostly skips the
 			// others.
@@ -149,10 +184,6 @@ func load32[T ~string | ~[]byte](s T, p int) uint32 {
 	w := s[p : p+4]
 	return uint32(w[0]) | uint32(w[1])<<8 | uint32(w[2])<<16 | uint32(w[3])<<24
 }
-
-// gramHash maps a gramLen-byte window to a bit of the run filter
-// (Fibonacci hashing: the top bits of a multiplication by 2^32/φ).
-func gramHash(x uint32) uint32 { return (x * 0x9e3779b1) >> (32 - filterBits) }
 
 // span is a run [lo, hi) of input bytes inside runs of secrets.
 type span struct{ lo, hi int }
@@ -236,21 +267,22 @@ func load64[T ~string | ~[]byte](s T, p int) uint64 {
 // probe returns the first of the probes p, p+gramStride, ... whose gramLen
 // bytes hit the filter f, or -1. It is the loop every scrubbed byte goes
 // through: nothing in it calls out or spills.
-func probe[T ~string | ~[]byte](f *[1 << filterBits / 64]uint64, src T, p int) int {
-	// Four probes a turn, their bits or-ed: one branch and one bounds
-	// check for 4*gramStride bytes.
+func probe[T ~string | ~[]byte](filter *gramFilter, src T, p int) int {
+	f, shift := filter.bits, filter.shift&31
+	// Four probes a turn, their bits or-ed: one branch for 4*gramStride
+	// bytes.
 	for ; p+3*gramStride+gramLen <= len(src); p += 4 * gramStride {
 		w := src[p : p+3*gramStride+gramLen]
-		h0 := gramHash(load32(w, 0))
-		h1 := gramHash(load32(w, gramStride))
-		h2 := gramHash(load32(w, 2*gramStride))
-		h3 := gramHash(load32(w, 3*gramStride))
+		h0 := load32(w, 0) * 0x9e3779b1 >> shift
+		h1 := load32(w, gramStride) * 0x9e3779b1 >> shift
+		h2 := load32(w, 2*gramStride) * 0x9e3779b1 >> shift
+		h3 := load32(w, 3*gramStride) * 0x9e3779b1 >> shift
 		if (f[h0>>6]>>(h0&63)|f[h1>>6]>>(h1&63)|f[h2>>6]>>(h2&63)|f[h3>>6]>>(h3&63))&1 != 0 {
 			break // one of the four hit: the loop below says which
 		}
 	}
 	for ; p+gramLen <= len(src); p += gramStride {
-		if h := gramHash(load32(src, p)); f[h>>6]&(1<<(h&63)) != 0 {
+		if h := load32(src, p) * 0x9e3779b1 >> shift; f[h>>6]&(1<<(h&63)) != 0 {
 			return p
 		}
 	}

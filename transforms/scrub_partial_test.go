@@ -2,6 +2,7 @@ package transforms
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -236,4 +237,47 @@ func FuzzScrubPartial(f *testing.F) {
 			}
 		}
 	})
+}
+
+// The run filter grows with the windows it holds (a host whose rules held
+// many keys): with 40 keys it is at its largest, and the scrub is still
+// the specification's, one-shot and streamed.
+func TestScrubManySecretsLargeFilter(t *testing.T) {
+	x := uint32(3)
+	rnd := func(n int) int { x = x*1664525 + 1013904223; return int(x>>8) % n }
+	const alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+	var secrets []*Secret
+	var values []string
+	for i := range 40 {
+		b := []byte("sk-many-")
+		for range 40 + rnd(40) {
+			b = append(b, alphabet[rnd(len(alphabet))])
+		}
+		values = append(values, string(b))
+		secrets = append(secrets, &Secret{value: string(b), placeholder: fmt.Sprintf("<#%d>", i)})
+	}
+	m := buildScrubber(secrets)
+	if m.filter == nil || len(m.filter.bits)*64 != 1<<maxFilterBits {
+		t.Fatalf("the filter of 40 keys has %d bits, want the largest, %d", len(m.filter.bits)*64, 1<<maxFilterBits)
+	}
+	recipe := make([]byte, 900)
+	for i := range recipe {
+		recipe[i] = byte(rnd(256))
+	}
+	in := fuzzInput(strings.Repeat("some text of an answer, ", 200), recipe, values)
+	want := refScrub(in, secrets)
+	if got := ScrubString(in, secrets); got != want {
+		t.Fatalf("one-shot: got %q, want %q", got, want)
+	}
+	for _, size := range []int{1, 7, 100, 1 << 20} {
+		cr := &chunkReader{}
+		for rest := in; len(rest) > 0; {
+			n := min(size, len(rest))
+			cr.chunks = append(cr.chunks, []byte(rest[:n]))
+			rest = rest[n:]
+		}
+		if out := scrubAll(t, cr, secrets); out != want {
+			t.Fatalf("streamed in %d: differs from the specification", size)
+		}
+	}
 }

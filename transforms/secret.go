@@ -31,6 +31,7 @@ const PlaceholderPrefix = "sandgate-placeholder-"
 // is no exported accessor for the value: only this package's swap and
 // scrubbers read it. Use *Secret in structs; a nil *Secret is not valid.
 type Secret struct {
+	redacted
 	name        string // label, e.g. the environment variable; not secret
 	placeholder string
 	value       string
@@ -90,21 +91,25 @@ func (s Secret) Placeholder() string { return s.placeholder }
 // reveal returns the value. It is for the swap and the scrubbers only.
 func (s *Secret) reveal() string { return s.value }
 
+// redacted, embedded in a type that holds a secret (Secret, Guard,
+// SealKey), makes it print, log and marshal as [Redacted].
+type redacted struct{}
+
 // String returns [Redacted].
-func (s Secret) String() string { return Redacted }
+func (redacted) String() string { return Redacted }
 
 // GoString returns [Redacted], so %#v prints no value either.
-func (s Secret) GoString() string { return Redacted }
+func (redacted) GoString() string { return Redacted }
 
 // Format prints [Redacted] whatever the verb and flags (%v, %+v, %#v, %s,
 // %q, %x, %d, ...).
-func (s Secret) Format(f fmt.State, _ rune) { _, _ = io.WriteString(f, Redacted) }
+func (redacted) Format(f fmt.State, _ rune) { _, _ = io.WriteString(f, Redacted) }
 
 // LogValue makes log/slog print [Redacted].
-func (s Secret) LogValue() slog.Value { return slog.StringValue(Redacted) }
+func (redacted) LogValue() slog.Value { return slog.StringValue(Redacted) }
 
-// MarshalJSON encodes the secret as the JSON string "[REDACTED]".
-func (s Secret) MarshalJSON() ([]byte, error) { return []byte(`"` + Redacted + `"`), nil }
+// MarshalJSON encodes the value as the JSON string "[REDACTED]".
+func (redacted) MarshalJSON() ([]byte, error) { return []byte(`"` + Redacted + `"`), nil }
 
 // MarshalText encodes the secret as [Redacted].
 func (s Secret) MarshalText() ([]byte, error) { return []byte(Redacted), nil }

@@ -115,20 +115,16 @@ func TestCredentialGuard(t *testing.T) {
 	t.Run("exec", func(t *testing.T) {
 		for _, tc := range []struct{ what, line, stdin string }{
 			{"the command", `{"command":"echo ` + canary + `"}`, ""},
+			{"the command, the credential less its last byte", `{"command":"echo ` + canary[:len(canary)-1] + `"}`, ""},
+			{"the command, 12 bytes from the credential's middle", `{"command":"echo x` + canary[5:5+transforms.MinPartialRun] + `x"}`, ""},
 			{"a variable's value", `{"command":"true","env":{"K":"Bearer ` + canary + `"}}`, ""},
 			{"a variable's name", `{"command":"true","env":{"` + canary + `":"x"}}`, ""},                                       // not a valid name either: never quoted
-			{"a variable's name and value", `{"command":"true","env":{"sk":"` + strings.TrimPrefix(slashed, "sk") + `"}}`, ""}, // sk=/… holds no "sk/"
+			{"a variable's name and value", `{"command":"true","env":{"sk":"` + strings.TrimPrefix(slashed, "sk") + `"}}`, ""}, // sk=/… holds "sk/" less two bytes: a run
 			{"the working directory", `{"command":"true","workingDirectory":"/workspace/` + canary + `"}`, ""},
 			{"the working directory, the other credential", `{"command":"true","workingDirectory":"/workspace/` + slashed + `"}`, ""},
 			{"a base URL variable", `{"command":"true","env":{"ANTHROPIC_BASE_URL":"https://h.example/` + canary + `"}}`, ""},
 		} {
 			code, out := exec(tc.line, tc.stdin)
-			if tc.what == "a variable's name and value" {
-				if code != 200 { // "sk=/…" is not the credential "sk/…"
-					t.Errorf("%s: %d %s, want it to pass", tc.what, code, out)
-				}
-				continue
-			}
 			wantGuardRefusal(t, tc.what, code, out)
 		}
 		// Stdin that is all there when the command would start: refused
@@ -221,9 +217,9 @@ func TestCredentialGuard(t *testing.T) {
 				t.Errorf("cut %v: the command read %q, want at most %q", cuts, got, "hello ")
 			}
 		}
-		// A stdin that only begins like the credential, and the
-		// placeholder, pass whole.
-		for _, in := range []string{canary[:len(canary)-1], "a " + guardPH + " b", strings.Repeat("x", 100<<10) + canary[:10]} {
+		// A stdin that only begins like the credential (fewer bytes of it
+		// than a run), and the placeholder, pass whole.
+		for _, in := range []string{canary[:transforms.MinPartialRun-1], "a " + guardPH + " b", strings.Repeat("x", 100<<10) + canary[:10]} {
 			if res := r.exec("box", "cat", []byte(in)); res.exit != 0 || res.stdout != in {
 				t.Errorf("stdin %.40q: exit %d, %d bytes back of %d", in, res.exit, len(res.stdout), len(in))
 			}

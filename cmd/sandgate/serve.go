@@ -29,6 +29,7 @@ import (
 	"github.com/sandgate/sandgate/netpolicy"
 	"github.com/sandgate/sandgate/relay/ca"
 	"github.com/sandgate/sandgate/snapshot/store"
+	"github.com/sandgate/sandgate/transforms"
 )
 
 // serveCommand builds `sandgate serve`: the appliance. Every setting is a
@@ -89,6 +90,7 @@ Run (IAM in front) or with --allow-open.`,
 			&cli.DurationFlag{Name: "audit-flush", Value: 10 * time.Second, Usage: "write a running sandbox's new audit events to the store every `DURATION` (what a crash can lose of them)", EnvVars: []string{"SANDGATE_AUDIT_FLUSH"}},
 			&cli.DurationFlag{Name: "audit-retention", Value: appliance.DefaultAuditRetention, Usage: "keep a sandbox's audit in the store for `DURATION` (a destroy removes it at once); 0 forever", EnvVars: []string{"SANDGATE_AUDIT_RETENTION"}},
 			&cli.StringSliceFlag{Name: "upstream-ca", Usage: "also trust the PEM certificates in `FILE` for upstreams (tests, private CAs); repeatable", EnvVars: []string{"SANDGATE_UPSTREAM_CA"}},
+			&cli.StringFlag{Name: "seal-key", Usage: "key `MATERIAL` (32 bytes or more) that seals, in each sandbox's record, the credentials its rules have held, so that they stay scrubbed when it resumes; the same on every shard over one store (default: derived from SANDBOX_SERVICE_TOKEN when it is set, else a key kept in the state directory)", EnvVars: []string{"SANDGATE_SEAL_KEY"}},
 			&cli.StringFlag{Name: "intercept-ca", Usage: "the interception CA (hosts a policy's \"intercept\" names): `DIR` to keep it in (ca.pem, ca-key.pem 0600; made if absent), off for none (default: made at start, in memory only)", EnvVars: []string{"SANDGATE_INTERCEPT_CA"}},
 			&cli.BoolFlag{Name: "console", Value: true, Usage: "serve the web console at /ui, under the API's auth (--console=false: none)", EnvVars: []string{"SANDGATE_CONSOLE"}},
 			&cli.BoolFlag{Name: "capture", Value: true, Usage: "capture, in each sandbox, the connections of processes that ignore the proxy variables, and judge them as CONNECT (sandgate sandbox, as root; --capture=false: their lookups fail at once, audited)", EnvVars: []string{"SANDGATE_CAPTURE"}},
@@ -406,6 +408,10 @@ func runServe(c *cli.Context) error {
 	if ptyGrace <= 0 {
 		ptyGrace = -1
 	}
+	sealKey, sealFrom, err := sealKeyMaterial(c)
+	if err != nil {
+		return err
+	}
 	svc, err := service.New(ctx, service.Config{
 		DNSServers: splitAll(c.StringSlice("dns")), AllowPrivate: sc.allowPrivate, UpstreamRoots: roots, InterceptCA: ica,
 		AuditLog: auditOut, AuditFlush: c.Duration("audit-flush"), Modules: rt, ServiceModules: modules, Store: st, Launcher: lc, Logger: logger,
@@ -414,7 +420,7 @@ func runServe(c *cli.Context) error {
 			MaxRunning: c.Int("max-sandboxes"), IdleSuspend: idle,
 			AllowedHosts: sc.allowedHosts, BaseURLs: sc.baseURLs, OutputBytes: int(sc.outputBytes),
 			OutputBudget: sc.outputBudget, Limits: sc.limits,
-			Shard: shard, CheckpointInterval: checkpoints, TerminalGrace: ptyGrace,
+			Shard: shard, CheckpointInterval: checkpoints, TerminalGrace: ptyGrace, SealKey: sealKey,
 		},
 		Peers: peers, PeerAuth: peerAuth(sc.cloudRun, logger), NoConsole: !c.Bool("console"),
 		Server: server.Config{
@@ -453,7 +459,7 @@ func runServe(c *cli.Context) error {
 	shardID, shardURL := svc.Manager.Shard()
 	logger.Info("sandgate serving", "addr", ln.Addr().String(), "cli", svc.Launcher.String(), "store", storeName(c), "image_id", sc.imageID,
 		"template_namespace", svc.Manager.Namespace(), "cloud_run", sc.cloudRun, "token", c.String("token") != "",
-		"shard", shardID, "shard_url", shardURL, "shard_peers", peers.String(), "cloudflare_bridge", c.String("bridge-key") != "")
+		"shard", shardID, "shard_url", shardURL, "shard_peers", peers.String(), "cloudflare_bridge", c.String("bridge-key") != "", "seal_key", sealFrom)
 	if svc.Console != nil {
 		logger.Info("the web console is served at /ui, under the API's auth (README: Console)", "url", "http://"+ln.Addr().String()+"/ui")
 	}
@@ -527,6 +533,25 @@ func hiddenPaths(c *cli.Context, state string) []string {
 		add(p)
 	}
 	return out
+}
+
+// sealKeyMaterial is the material of the seal key of held credentials
+// (appliance.ManagerConfig.SealKey), and where it came from, for the log:
+// SANDGATE_SEAL_KEY, else the service token (which every shard has; after
+// it changes, the old token is the seal key), else none (the manager keeps
+// a key in the state directory: shards over one store need
+// SANDGATE_SEAL_KEY).
+func sealKeyMaterial(c *cli.Context) ([]byte, string, error) {
+	if k := c.String("seal-key"); k != "" {
+		if len(k) < 32 {
+			return nil, "", badInput("SANDGATE_SEAL_KEY (--seal-key) is %d bytes: give at least 32 (e.g. openssl rand -base64 32), the same on every shard", len(k))
+		}
+		return []byte(k), "SANDGATE_SEAL_KEY", nil
+	}
+	if t := c.String("token"); len(t) >= transforms.MinSealKeyMaterial {
+		return []byte(t), "SANDBOX_SERVICE_TOKEN", nil
+	}
+	return nil, "state directory", nil
 }
 
 // interceptCA is the interception CA of --intercept-ca: made in memory

@@ -73,6 +73,7 @@ func TestServeRefusesBadSettings(t *testing.T) {
 		{[]string{"SANDGATE_KEEP_SUSPENDED=forever"}, "SANDGATE_KEEP_SUSPENDED"},
 		{[]string{"SANDGATE_AUDIT_LOG_SIZE=big"}, "SANDGATE_AUDIT_LOG_SIZE"},
 		{[]string{"SANDGATE_AUDIT_LOG_KEEP=-1"}, "SANDGATE_AUDIT_LOG_KEEP"},
+		{[]string{"SANDGATE_SEAL_KEY=too-short-a-key"}, "SANDGATE_SEAL_KEY"},
 	} {
 		cmd := exec.Command(binary(t), "serve")
 		cmd.Env = serveEnv(t, tc.env...)

@@ -116,7 +116,9 @@ type Event struct {
 	Error        string
 	// InterceptRule is the policy's intercept rule under which the proxy
 	// terminated the connection's TLS (on the connection's event and on
-	// each of its requests'); empty when the bytes were tunnelled as
+	// each of its requests'), or, for a host a credential rule of the
+	// sandbox targets, "credentials " and that rule ("credentials
+	// rule[0] api.example.com"); empty when the bytes were tunnelled as
 	// they were.
 	InterceptRule string
 }
