@@ -73,7 +73,7 @@ func (m *Manager) start(ctx context.Context, b *box, rec *record, so startOption
 	if b.held, err = m.unsealHeld(b.id, rs, so.Held); err != nil {
 		return fail(err)
 	}
-	opts := Options{Policy: b.network.Policy, Transforms: rs, Modules: mods, Agent: m.agentConfig(b, so)}
+	opts := Options{Policy: b.network.Policy, Transforms: rs, Modules: mods, Agent: m.agentConfig(b, so), Limits: m.effectiveLimits(b.limits)}
 	switch {
 	case rec != nil && rec.legacy:
 		file, cleanup, err := m.fetchLegacy(ctx, rec.Layer, m.l.BareImports())
